@@ -1,0 +1,203 @@
+"""Frozen, validated configuration shared by every layer.
+
+Each dataclass checks itself on construction and raises ``ValueError`` with a message a
+user can act on, so a wrong value is refused before anything starts or is trained.
+Nothing here reads the environment or files: the CLI resolves flag > ``GASLOCD_*``
+environment > default and builds these objects once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+ALGOS = ("gasloc", "diloco", "dadam", "local-dadam")
+TOPOLOGIES = ("1peer", "2peer", "ring", "exp", "complete")
+CODECS = ("fp32", "fp16", "bf16", "int8")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _positive(name: str, value: float) -> None:
+    _check(math.isfinite(value) and value > 0, f"{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class OuterConfig:
+    """The outer optimizer: Nesterov momentum in ``torch.optim.SGD(nesterov=True)`` form.
+
+    DiLoCo's published settings (η=0.7, μ=0.9) are the default for GASLoC too: the paper
+    reports GASLoC stable over a broad range around them.
+    """
+
+    lr: float = 0.7
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        _positive("outer learning rate", self.lr)
+        _check(
+            math.isfinite(self.momentum) and 0.0 <= self.momentum < 1.0,
+            f"outer momentum must be in [0, 1), got {self.momentum!r}",
+        )
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """Which rule runs: an algorithm name, a topology and H (the local steps per round).
+
+    ``diloco``, ``dadam`` and ``local-dadam`` are settings of the GASLoC rule, not other
+    code: see :meth:`resolved`.
+    """
+
+    algo: str = "gasloc"
+    topology: str = "1peer"
+    inner_steps: int = 30
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    adapt_h: bool = False
+    h_min: int = 1
+    h_max: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.algo in ALGOS, f"algo must be one of {', '.join(ALGOS)}; got {self.algo!r}")
+        _check(
+            self.topology in TOPOLOGIES,
+            f"topology must be one of {', '.join(TOPOLOGIES)}; got {self.topology!r}",
+        )
+        _check(self.inner_steps >= 1, f"inner steps (H) must be >= 1, got {self.inner_steps}")
+        _check(self.h_min >= 1, f"h_min must be >= 1, got {self.h_min}")
+        _check(
+            self.h_max is None or self.h_max >= self.h_min,
+            f"h_max ({self.h_max}) must be >= h_min ({self.h_min})",
+        )
+        if self.algo == "diloco":
+            _check(
+                self.topology == "complete",
+                f"diloco all-reduces over every worker: its topology is 'complete', "
+                f"not {self.topology!r}",
+            )
+
+    @property
+    def h_upper(self) -> int:
+        """Largest H the policy may pick: ``h_max`` or 4 × H_base."""
+        return self.h_max if self.h_max is not None else 4 * self.inner_steps
+
+    def resolved(self) -> AlgoConfig:
+        """The same run expressed as GASLoC settings.
+
+        DAdam and Local-DAdam are plain gossip of θ̃: η=1, μ=0 (property P5).
+        DiLoCo is the complete graph with the given outer settings (property P1).
+        """
+        if self.algo in ("dadam", "local-dadam"):
+            return replace(self, outer=OuterConfig(lr=1.0, momentum=0.0))
+        return self
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The local (inner) training: model, data and AdamW settings."""
+
+    model: str = "tiny"
+    data: str | None = None  # None: the built-in corpus (Python's standard library sources)
+    seq_len: int = 128
+    batch_size: int = 16
+    inner_lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_steps: int = 50
+    grad_clip: float = 1.0
+    eval_batches: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(bool(self.model), "model must name a config (tiny, small, 134m, 551m) or pkg.mod:fn")
+        _check(self.data is None or bool(self.data), "data path must not be empty")
+        _check(self.seq_len >= 2, f"seq_len must be >= 2, got {self.seq_len}")
+        _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _positive("inner learning rate", self.inner_lr)
+        _check(
+            math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+            f"weight decay must be >= 0, got {self.weight_decay!r}",
+        )
+        _check(self.warmup_steps >= 0, f"warmup steps must be >= 0, got {self.warmup_steps}")
+        _check(
+            math.isfinite(self.grad_clip) and self.grad_clip >= 0,
+            f"grad clip must be >= 0 (0 disables it), got {self.grad_clip!r}",
+        )
+        _check(self.eval_batches >= 1, f"eval batches must be >= 1, got {self.eval_batches}")
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """Worker ``worker`` runs at ``fraction`` of the nominal link bandwidth."""
+
+    worker: int
+    fraction: float
+
+    def __post_init__(self) -> None:
+        _check(self.worker >= 0, f"straggler worker index must be >= 0, got {self.worker}")
+        _check(
+            math.isfinite(self.fraction) and 0 < self.fraction <= 1,
+            f"straggler bandwidth fraction must be in (0, 1], got {self.fraction!r}",
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> Straggler:
+        """Parse ``I:FRACTION`` as given on the command line (``0:0.1``)."""
+        worker, sep, fraction = text.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            return cls(int(worker), float(fraction))
+        except ValueError as exc:
+            if "straggler" in str(exc):
+                raise
+            raise ValueError(
+                f"straggler must look like WORKER:FRACTION (e.g. 0:0.1), got {text!r}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """An in-process simulation: N workers, a simulated network, a simulated clock."""
+
+    workers: int = 8
+    rounds: int = 20
+    codec: str = "fp32"
+    bandwidth_mbps: float = 1000.0  # megabits per second, each worker's access link
+    latency_ms: float = 10.0
+    step_time_s: float | None = None  # None: measured from the real inner steps
+    stragglers: tuple[Straggler, ...] = ()
+    eval_every: int = 1
+    message_bytes: int | None = None  # None: the encoded size of the real model
+
+    def __post_init__(self) -> None:
+        _check(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
+        _check(self.rounds >= 1, f"rounds must be >= 1, got {self.rounds}")
+        _check(self.codec in CODECS, f"codec must be one of {', '.join(CODECS)}; got {self.codec!r}")
+        _positive("bandwidth (Mbit/s)", self.bandwidth_mbps)
+        _check(
+            math.isfinite(self.latency_ms) and self.latency_ms >= 0,
+            f"latency must be >= 0 ms, got {self.latency_ms!r}",
+        )
+        if self.step_time_s is not None:
+            _positive("step time (s)", self.step_time_s)
+        _check(self.eval_every >= 1, f"eval_every must be >= 1, got {self.eval_every}")
+        _check(
+            self.message_bytes is None or self.message_bytes > 0,
+            f"message bytes must be > 0, got {self.message_bytes}",
+        )
+        seen: set[int] = set()
+        for s in self.stragglers:
+            _check(
+                s.worker < self.workers,
+                f"straggler worker {s.worker} does not exist with {self.workers} workers",
+            )
+            _check(s.worker not in seen, f"straggler worker {s.worker} is given twice")
+            seen.add(s.worker)
+
+    def bandwidth_bytes_per_s(self, worker: int) -> float:
+        """Access-link bandwidth of ``worker`` in bytes per second."""
+        fraction = next((s.fraction for s in self.stragglers if s.worker == worker), 1.0)
+        return self.bandwidth_mbps * 1e6 / 8 * fraction

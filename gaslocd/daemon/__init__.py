@@ -1,0 +1,1 @@
+"""Layer 6: the daemon lifecycle, the round driver, metrics and status."""
