@@ -1,0 +1,274 @@
+"""Codecs: how a flat float32 parameter vector θ̃ becomes bytes on the wire and back.
+
+Four codecs, chosen by name (``fp32``, ``fp16``, ``bf16``, ``int8``). Every codec maps a
+1-D float32 tensor to a 1-D uint8 tensor (the exact bytes sent) and back. Pure torch: this
+module imports neither grpc nor hivemind, so the simulator's in-memory transport uses the
+very same code as the gRPC wire.
+
+Streaming. The byte layout of every codec is *block-interleaved*: element block ``k``
+occupies a contiguous byte range, and a chunk of whole blocks starting at element ``s``
+starts at byte ``encoded_nbytes(s)``. So a sender can encode chunk by chunk into a reused
+buffer while earlier chunks are on the wire, and a receiver can decode each chunk as it
+arrives straight into its preallocated float32 buffer (see :func:`chunk_spans`). For int8
+that is why each block's float32 scale sits *in front of its own* 1024 int8 values instead
+of all scales coming first: a scales-first layout would need the tail of the message before
+the first chunk could be decoded.
+
+int8 is blockwise absmax: per block of 1024 elements, ``scale = max|x| / 127`` and
+``q = round(x / scale)`` in [-127, 127] (symmetric, so -128 is never produced and zero is
+exact). 1024 keeps the scale overhead at 0.4 % (the message is 3.98× smaller than fp32)
+while a block is still small enough that one large weight does not flatten its neighbours.
+
+Non-finite input is not refused here (the codec has no opinion about the model): fp16
+overflows to inf beyond 65504, and an int8 block holding inf or NaN decodes to NaN. The
+receiver's finite check refuses both, so a bad value never reaches θ silently.
+
+Error feedback: see :class:`ErrorFeedback`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CODEC_NAMES = ("fp32", "fp16", "bf16", "int8")
+INT8_BLOCK = 1024
+_SCALE_BYTES = 4  # one float32 scale per int8 block
+
+
+class Codec:
+    """Base class: one instance per name (see :func:`get_codec`); stateless and thread-safe.
+
+    ``block_elems`` is the streaming alignment unit: a chunk boundary must fall on a
+    multiple of it (except at the end of the vector). ``lossless`` codecs need no error
+    feedback.
+    """
+
+    name: str = ""
+    block_elems: int = 1
+    lossless: bool = False
+
+    def encoded_nbytes(self, numel: int) -> int:
+        """Exact size in bytes of the encoding of ``numel`` elements."""
+        raise NotImplementedError
+
+    def encode_into(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        """Encode 1-D float32 ``src`` into the preallocated uint8 ``out`` (exact size)."""
+        raise NotImplementedError
+
+    def decode(self, data: torch.Tensor, out: torch.Tensor) -> None:
+        """Decode uint8 ``data`` into the preallocated 1-D float32 ``out`` (exact sizes)."""
+        raise NotImplementedError
+
+    def encode(self, src: torch.Tensor) -> torch.Tensor:
+        """Encode 1-D float32 ``src`` into a fresh uint8 tensor (never a view of ``src``)."""
+        _check_float_vector(src, "src")
+        out = torch.empty(self.encoded_nbytes(src.numel()), dtype=torch.uint8)
+        self.encode_into(src, out)
+        return out
+
+    def _check_sizes(self, data: torch.Tensor, values: torch.Tensor, what: str) -> None:
+        _check_float_vector(values, what)
+        if data.dtype != torch.uint8 or data.dim() != 1:
+            shape = tuple(data.shape)
+            raise ValueError(f"encoded data must be a 1-D uint8 tensor, got {data.dtype} {shape}")
+        want = self.encoded_nbytes(values.numel())
+        if data.numel() != want:
+            raise ValueError(
+                f"{self.name}: {values.numel()} elements encode to {want} bytes, got {data.numel()}"
+            )
+
+    def __repr__(self) -> str:
+        return f"get_codec({self.name!r})"
+
+
+def _check_float_vector(t: torch.Tensor, what: str) -> None:
+    if t.dtype != torch.float32 or t.dim() != 1:
+        raise ValueError(f"{what} must be a 1-D float32 tensor, got {t.dtype} {tuple(t.shape)}")
+
+
+class _Float(Codec):
+    """fp32 / fp16 / bf16: a plain cast. The bytes are the little-endian values."""
+
+    def __init__(self, name: str, dtype: torch.dtype, lossless: bool) -> None:
+        self.name = name
+        self.dtype = dtype
+        self.lossless = lossless
+        self.itemsize = torch.empty((), dtype=dtype).element_size()
+
+    def encoded_nbytes(self, numel: int) -> int:
+        return numel * self.itemsize
+
+    def encode_into(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        self._check_sizes(out, src, "src")
+        # copy_ with a dtype change writes straight into the wire buffer: no temporary.
+        out.view(self.dtype).copy_(src)
+
+    def decode(self, data: torch.Tensor, out: torch.Tensor) -> None:
+        self._check_sizes(data, out, "out")
+        out.copy_(data.view(self.dtype))
+
+
+class _Int8(Codec):
+    """Blockwise absmax int8; per block: 4 bytes float32 scale, then the int8 values."""
+
+    name = "int8"
+    lossless = False
+
+    def __init__(self, block: int = INT8_BLOCK) -> None:
+        self.block_elems = block
+
+    def encoded_nbytes(self, numel: int) -> int:
+        nblocks = -(-numel // self.block_elems)
+        return numel + _SCALE_BYTES * nblocks
+
+    def _split(self, n: int) -> tuple[int, int]:
+        full = n // self.block_elems
+        return full, n - full * self.block_elems
+
+    def encode_into(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        self._check_sizes(out, src, "src")
+        b = self.block_elems
+        full, rem = self._split(src.numel())
+        row = b + _SCALE_BYTES
+        if full:
+            _encode_rows(src[: full * b].view(full, b), out[: full * row].view(full, row))
+        if rem:
+            _encode_rows(
+                src[full * b :].view(1, rem), out[full * row :].view(1, rem + _SCALE_BYTES)
+            )
+
+    def decode(self, data: torch.Tensor, out: torch.Tensor) -> None:
+        self._check_sizes(data, out, "out")
+        b = self.block_elems
+        full, rem = self._split(out.numel())
+        row = b + _SCALE_BYTES
+        if full:
+            _decode_rows(data[: full * row].view(full, row), out[: full * b].view(full, b))
+        if rem:
+            _decode_rows(
+                data[full * row :].view(1, rem + _SCALE_BYTES), out[full * b :].view(1, rem)
+            )
+
+
+def _encode_rows(x: torch.Tensor, rows: torch.Tensor) -> None:
+    """x: (blocks, b) float32 → rows: (blocks, 4 + b) uint8."""
+    lo, hi = torch.aminmax(x, dim=1, keepdim=True)  # two reductions, no |x| temporary
+    absmax = torch.maximum(hi, lo.neg_())  # (blocks, 1)
+    scale = absmax / 127.0
+    # An all-zero block gets scale 0 and q = 0; an inf block gets inv = 0 and decodes to
+    # 0 * inf = NaN, which the receiver's finite check refuses.
+    inv = torch.where(absmax > 0, 127.0 / absmax, torch.zeros_like(absmax))
+    q = torch.mul(x, inv).round_().clamp_(-127.0, 127.0)  # (blocks, b), one temporary
+    rows[:, _SCALE_BYTES:].view(torch.int8).copy_(q)
+    rows[:, :_SCALE_BYTES].copy_(scale.view(torch.uint8))
+
+
+def _decode_rows(rows: torch.Tensor, out: torch.Tensor) -> None:
+    """rows: (blocks, 4 + b) uint8 → out: (blocks, b) float32."""
+    # Copy the scales out first: the bytes inside a row are not 4-aligned for a float view.
+    scale_bytes = torch.empty((rows.shape[0], _SCALE_BYTES), dtype=torch.uint8)
+    scale = scale_bytes.copy_(rows[:, :_SCALE_BYTES]).view(torch.float32)  # (blocks, 1)
+    torch.mul(rows[:, _SCALE_BYTES:].view(torch.int8), scale, out=out)
+
+
+_CODECS: dict[str, Codec] = {
+    "fp32": _Float("fp32", torch.float32, lossless=True),
+    "fp16": _Float("fp16", torch.float16, lossless=False),
+    "bf16": _Float("bf16", torch.bfloat16, lossless=False),
+    "int8": _Int8(),
+}
+
+
+def get_codec(name: str) -> Codec:
+    """The codec called ``name``; ``ValueError`` naming the known ones otherwise."""
+    try:
+        return _CODECS[name]
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r}; known: {', '.join(CODEC_NAMES)}") from None
+
+
+def chunk_spans(codec: Codec, numel: int, chunk_bytes: int) -> list[tuple[int, int, int, int]]:
+    """Split a message into block-aligned chunks of at most about ``chunk_bytes`` bytes.
+
+    Returns ``(elem_start, elem_stop, byte_start, byte_stop)`` per chunk. Both sides compute
+    the same spans from (codec, numel, chunk_bytes), so the receiver knows where every chunk
+    belongs without trusting offsets sent by the peer. An empty vector gives no chunks.
+    """
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
+    block = codec.block_elems
+    per_block = codec.encoded_nbytes(block)
+    elems = max(1, chunk_bytes // per_block) * block
+    spans = []
+    for start in range(0, numel, elems):
+        stop = min(numel, start + elems)
+        spans.append((start, stop, codec.encoded_nbytes(start), codec.encoded_nbytes(stop)))
+    return spans
+
+
+class ErrorFeedback:
+    """Sender-side residual so that lossy codecs do not bias the network mean over rounds.
+
+    ``encode(x)`` sends ``q = Q(x + e)`` and keeps ``e ← (x + e) − decode(q)``. Over rounds
+    the error that leaves this sender is ``q_t − x_t = e_t − e_{t+1}``: it telescopes, so
+    the sum of everything ever sent differs from the sum of the true θ̃ by one bounded
+    residual instead of growing with the number of rounds. Without it a deterministic
+    rounding (an update smaller than half an int8 step, rounded away every round) shifts
+    the network mean a little more each round.
+
+    Why one residual *per sender*, not per link, although partners change every round:
+    what enters the network mean is the error weighted by the receivers' mixing weights
+    (W_ji), and in `1peer` / `2peer` that total weight is the same every round whoever the
+    partners are (1/2, or 2 × 1/3) — the same message goes to every partner of the round.
+    So the per-sender errors telescope in the network mean. A per-link residual would be
+    wrong here: the residual for link i→j would wait for j to be i's partner again, which
+    may be many rounds away, and meanwhile the mean stays biased. Two limits, both bounded
+    (one round's error, not a drift): a round whose weight is renormalized (a partner
+    dropped) or whose message nobody received still advances the residual.
+
+    Memory: the residual (numel float32) plus one chunk of scratch; ``encode_chunk`` works
+    span by span so a streaming sender never holds a second full-size float copy.
+    """
+
+    def __init__(self, codec: Codec, numel: int) -> None:
+        self.codec = codec
+        self.numel = numel
+        self.residual = torch.zeros(0 if codec.lossless else numel, dtype=torch.float32)
+        self._scratch = torch.empty(0, dtype=torch.float32)
+
+    def encode_chunk(self, src: torch.Tensor, elem_start: int, out: torch.Tensor) -> None:
+        """Encode ``src`` (elements ``elem_start:elem_start + len``) + residual into ``out``."""
+        if self.codec.lossless:
+            self.codec.encode_into(src, out)
+            return
+        n = src.numel()
+        if elem_start < 0 or elem_start + n > self.numel:
+            raise ValueError(f"chunk [{elem_start}, {elem_start + n}) outside 0..{self.numel}")
+        res = self.residual[elem_start : elem_start + n]
+        res.add_(src)  # res now holds x + e, the value we try to send
+        self.codec.encode_into(res, out)
+        if self._scratch.numel() < n:
+            self._scratch = torch.empty(n, dtype=torch.float32)
+        decoded = self._scratch[:n]
+        self.codec.decode(out, decoded)
+        res.sub_(decoded)  # e ← (x + e) − decode(q)
+
+    def encode(self, src: torch.Tensor) -> torch.Tensor:
+        """Encode ``src + residual`` and update the residual; returns fresh uint8 bytes."""
+        _check_float_vector(src, "src")
+        if src.numel() != self.numel:
+            raise ValueError(f"error feedback holds {self.numel} elements, got {src.numel()}")
+        out = torch.empty(self.codec.encoded_nbytes(self.numel), dtype=torch.uint8)
+        for e0, e1, b0, b1 in chunk_spans(self.codec, self.numel, 4 << 20):
+            self.encode_chunk(src[e0:e1], e0, out[b0:b1])
+        return out
+
+
+def roundtrip(
+    codec: Codec, src: torch.Tensor, feedback: ErrorFeedback | None = None
+) -> torch.Tensor:
+    """What a receiver decodes when ``src`` is sent with ``codec`` (and ``feedback``)."""
+    data = feedback.encode(src) if feedback is not None else codec.encode(src)
+    out = torch.empty(src.numel(), dtype=torch.float32)
+    codec.decode(data, out)
+    return out
