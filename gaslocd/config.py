@@ -175,7 +175,9 @@ class SimConfig:
     def __post_init__(self) -> None:
         _check(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
         _check(self.rounds >= 1, f"rounds must be >= 1, got {self.rounds}")
-        _check(self.codec in CODECS, f"codec must be one of {', '.join(CODECS)}; got {self.codec!r}")
+        _check(
+            self.codec in CODECS, f"codec must be one of {', '.join(CODECS)}; got {self.codec!r}"
+        )
         _positive("bandwidth (Mbit/s)", self.bandwidth_mbps)
         _check(
             math.isfinite(self.latency_ms) and self.latency_ms >= 0,

@@ -61,5 +61,7 @@ def test_light_modules_pull_in_neither_grpc_nor_hivemind(module: str) -> None:
         "bad = [m for m in ('grpc', 'hivemind') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
