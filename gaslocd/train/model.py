@@ -3,22 +3,24 @@
 The block is the Llama recipe: RMSNorm → causal multi-head attention with rotary position
 embeddings (RoPE) → residual, RMSNorm → SwiGLU MLP → residual; a final RMSNorm; the output
 projection is the token embedding itself (tied), which saves ``vocab × dim`` parameters
-and is what the paper's small Llama-3-style models do.
+(Llama-3.2's small models tie theirs too).
 
 Sizes (``MODEL_CONFIGS``; parameter counts with tied embeddings):
 
-- ``tiny``  — dim 128, 2 layers, 4 heads, ffn 352, byte vocab: ≈0.43M. Sized for speed:
-  one CPU core does ~70 GFLOP/s in float32 here, and a step costs ≈ 6 × params × tokens,
-  so 4 layers (0.84M) took ~180 ms per AdamW step on 16 × 128 tokens; 2 layers take ~90.
+- ``tiny``  — dim 96, 2 layers, 4 heads, ffn 256, byte vocab: ≈0.25M; ~65 ms per AdamW
+  step on 16 × 128 tokens on one core of the 2-core dev machine. Sized for speed: one core
+  does ~70 GFLOP/s in float32 and a step costs ≈ 6 × params × tokens, so the 0.84M of
+  dim 128 × 4 layers took ~180 ms and 2 such layers (0.43M) ~100 ms.
 - ``small`` — dim 256, 6 layers, 4 heads, ffn 704, byte vocab: ≈4.8M.
 - ``134m``  — dim 768, 12 layers, 12 heads (head dim 64), ffn 2944, vocab 32000: 134.3M.
 - ``551m``  — dim 1536, 18 layers, 12 heads (head dim 128), ffn 3968, vocab 32000: 548.2M.
 
-The paper gives only the totals (134M, 551M). The widths and depths above are the usual
-GPT-2-small / Llama-1B-like shapes with the Llama-2 tokenizer's 32000 tokens; the SwiGLU
-width was then solved for so the count lands within 0.5% of the paper's figure and
-rounded to a multiple of 128 (a hardware-friendly size). ``build_model`` always uses the
-``vocab_size`` the data layer reports, so ``134m`` on byte data is smaller than 134M.
+Only the totals (134M, 551M) are known to us, not the paper's exact shapes. ``134m`` takes
+GPT-2-small's width and depth, ``551m`` width 1536 with 128-wide heads, both with the
+Llama-2 tokenizer's 32000 tokens; the SwiGLU width was then solved for so the count lands
+within 0.5% of the paper's figure, rounded to a multiple of 128 (hardware-friendly).
+``build_model`` always uses the ``vocab_size`` the data layer reports, so ``134m`` on byte
+data is smaller than 134M.
 
 Initialisation draws from a local ``torch.Generator`` on CPU (then moves to the device), so
 building a model never touches the global RNG and a seed gives the same weights on every
@@ -74,7 +76,7 @@ class ModelConfig:
 
 MODEL_CONFIGS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(
-        vocab_size=256, dim=128, n_layers=2, n_heads=4, ffn_dim=352, max_seq_len=128
+        vocab_size=256, dim=96, n_layers=2, n_heads=4, ffn_dim=256, max_seq_len=128
     ),
     "small": ModelConfig(
         vocab_size=256, dim=256, n_layers=6, n_heads=4, ffn_dim=704, max_seq_len=256
