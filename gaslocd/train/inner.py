@@ -1,0 +1,166 @@
+"""The inner loop: H AdamW steps on a worker's own data stream, between outer rounds.
+
+GASLoC keeps the inner optimizer's state across rounds (DESIGN §1): the outer step
+overwrites θ in place (``FlatParameters.flat``) and AdamW's moments carry over. That works
+because the parameters are views into the flat vector: the optimizer keeps stepping the
+same parameter objects, whatever was written into their storage in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from gaslocd.config import TrainConfig
+from gaslocd.train.data import BatchSampler
+from gaslocd.train.flat import FlatParameters
+
+log = logging.getLogger(__name__)
+
+BETAS = (0.9, 0.95)  # Llama / nanoGPT: a shorter second-moment memory than Adam's 0.999
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or the gradient norm was NaN/inf; the step was not applied.
+
+    Raised before ``optimizer.step()``, so θ and the optimizer state are still those of the
+    last good step and a caller can lower the learning rate, reload, or drop the worker.
+    """
+
+
+class InnerTrainer:
+    """AdamW with linear warmup then a constant rate, gradient clipping, and a resumable state.
+
+    Weight decay applies to matrices (≥2-D: projections, the tied embedding) only; decaying
+    norm gains towards 0 would fight the normalisation they exist to scale.
+    """
+
+    def __init__(
+        self, model: nn.Module, flat: FlatParameters, sampler: BatchSampler, cfg: TrainConfig
+    ) -> None:
+        self.model = model
+        self.flat = flat
+        self.sampler = sampler
+        self.cfg = cfg
+        self.device = flat.flat.device
+        self.steps_done = 0
+        self.last_step_s: float | None = None  # mean wall time per step of the last call
+        params = [p for p in model.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": cfg.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=self._lr(0),
+            betas=BETAS,
+        )
+        self._params = params
+        model.train()
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.sampler.batch_size * self.sampler.seq_len
+
+    def _lr(self, step: int) -> float:
+        """Learning rate of step ``step`` (0-based): linear warmup, then constant."""
+        warmup = self.cfg.warmup_steps
+        if warmup == 0:
+            return self.cfg.inner_lr
+        return self.cfg.inner_lr * min(1.0, (step + 1) / warmup)
+
+    def train_steps(self, n: int, should_stop: Callable[[], bool] | None = None) -> list[float]:
+        """Run up to ``n`` steps; return their losses. ``should_stop`` is checked before each.
+
+        Runs in the daemon's worker thread; the check between steps is what lets the event
+        loop stop a round promptly (a step itself is not interrupted).
+        """
+        losses: list[float] = []
+        start = time.perf_counter()
+        for _ in range(n):
+            if should_stop is not None and should_stop():
+                log.debug("stopping after %d of %d steps", len(losses), n)
+                break
+            losses.append(self._step())
+        if losses:
+            self.last_step_s = (time.perf_counter() - start) / len(losses)
+        return losses
+
+    def _step(self) -> float:
+        x, y = self.sampler.next_batch()  # (B, T) each
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        _, loss = self.model(x, y)
+        if loss is None:
+            raise TypeError("model returned no loss although targets were given")
+        value = loss.item()
+        if not math.isfinite(value):
+            raise NonFiniteLossError(f"loss is {value} at inner step {self.steps_done}")
+        loss.backward()
+        grad_norm = self._clip_gradients()
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(
+                f"gradient norm is {grad_norm} at inner step {self.steps_done} (loss {value})"
+            )
+        lr = self._lr(self.steps_done)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.steps_done += 1
+        return value
+
+    def _clip_gradients(self) -> float:
+        """Clip to ``cfg.grad_clip`` (0: no clipping); return the pre-clip global norm."""
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if not grads:
+            return 0.0
+        if self.cfg.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self._params, self.cfg.grad_clip)
+        else:  # the norm is still needed to refuse a non-finite gradient
+            norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g) for g in grads])
+            )
+        return float(norm)
+
+    @torch.no_grad()
+    def evaluate(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """Mean loss over ``batches`` in eval mode (then back to train mode)."""
+        if not batches:
+            raise ValueError("evaluate needs at least one batch")
+        self.model.eval()
+        try:
+            total = 0.0
+            for x, y in batches:
+                _, loss = self.model(x.to(self.device), y.to(self.device))
+                if loss is None:
+                    raise TypeError("model returned no loss although targets were given")
+                total += loss.item()
+        finally:
+            self.model.train()
+        return total / len(batches)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer moments, step count and data position: for checkpoints, not the wire.
+
+        The optimizer tensors are the live ones (as ``torch.optim`` returns them): save or
+        deep-copy the result before the next step, or the copy will move with training.
+        """
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "steps_done": self.steps_done,
+            "sampler": self.sampler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_done = int(state["steps_done"])
+        self.sampler.load_state_dict(state["sampler"])
