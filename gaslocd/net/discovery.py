@@ -1,0 +1,484 @@
+"""Peer discovery over hivemind's DHT: who is in the run, where to reach them, what they train.
+
+Every daemon writes one :class:`PeerRecord` under the key ``gaslocd/<run_id>/peers``, in a
+subkey of its own that carries its RSA public key (hivemind's ``RSASignatureValidator``).
+Every DHT node checks the signature on store, so nobody can overwrite or forge another
+peer's subkey. The same RSA key is also the node's libp2p identity, so a peer id in a
+record can be checked against the key that signed it: a peer cannot pose as another one
+under its own subkey either (it could otherwise duplicate a victim in everyone's roster).
+
+Records are heartbeats: each expires ``record_ttl_s`` after it was published, so a peer
+that dies without a word leaves the roster within one ttl. hivemind cannot delete a
+value, so a graceful exit stores a signed tombstone that :meth:`Discovery.roster` skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hashlib
+import ipaddress
+import logging
+import math
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, TypeVar
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from hivemind import DHT
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.p2p import PeerID
+from hivemind.proto import crypto_pb2
+from hivemind.utils.crypto import RSAPrivateKey
+from hivemind.utils.multiaddr import Multiaddr
+from hivemind.utils.timed_storage import get_dht_time
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+WIRE_VERSION = 1
+_MAX_STR = 256  # generous for an address or a digest, small enough that garbage stays cheap
+_MAX_INT = 2**62
+_OWNER_RE = re.compile(RSASignatureValidator.PUBLIC_KEY_REGEX)
+
+
+class DiscoveryError(RuntimeError):
+    """The DHT could not be started, joined or reached in time; the message is for a user."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    """What one daemon tells the run about itself (DESIGN §3); validated on construction."""
+
+    peer_id: str  # base58 libp2p peer id of the daemon's DHT node, stable for its life
+    address: str  # gRPC "host:port" that others dial (the announced one, if any)
+    fingerprint: str  # digest of model architecture, parameter shapes and dtype
+    round: int
+    inner_steps: int  # H this daemon used in its last round
+    step_time_s: float  # measured inner step time
+    bandwidth_bytes_per_s: float  # measured link bandwidth (0 = not measured yet)
+    version: str  # gaslocd software version
+    started_at: float = 0.0  # unix time the daemon started (tie-breaks, uptime display)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "str":
+                ok = isinstance(value, str) and 0 < len(value) <= _MAX_STR and value.isprintable()
+                want = f"a printable string of 1..{_MAX_STR} characters"
+            elif f.type == "int":
+                low = 1 if f.name == "inner_steps" else 0
+                ok = type(value) is int and low <= value < _MAX_INT
+                want = f"an int >= {low}"
+            else:
+                ok = type(value) is float and math.isfinite(value) and value >= 0.0
+                want = "a finite float >= 0"
+            _check(ok, f"{f.name} must be {want}, got {value!r}")
+        host, _, port = self.address.rpartition(":")
+        _check(
+            bool(host) and port.isdigit() and 0 < int(port) < 65536,
+            f"address must be 'host:port' with a port in 1..65535, got {self.address!r}",
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """A msgpack-friendly dict of plain types, tagged with the wire version."""
+        return {"v": WIRE_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_wire(cls, obj: object) -> PeerRecord:
+        """Parse what a peer stored; raise ``ValueError`` on anything malformed.
+
+        Unknown keys are ignored so that a newer daemon may add fields without making older
+        ones drop its record; a different ``v`` means an incompatible format.
+        """
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"record must be a dict, got {type(obj).__name__}")
+        _check(obj.get("v") == WIRE_VERSION, f"unsupported record version {obj.get('v')!r}")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in obj:
+                _check(f.name == "started_at", f"record lacks {f.name!r}")
+                continue
+            value = obj[f.name]
+            # msgpack may return a whole-number float as an int; accept it, never a bool.
+            if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            values[f.name] = value
+        return cls(**values)
+
+
+@dataclass
+class DiscoveryStats:
+    """Counters for metrics: what went wrong without stopping the daemon."""
+
+    malformed_records: int = 0  # entries skipped by roster() (bad value, unsigned, forged id)
+    publish_failures: int = 0  # publish() calls that were rejected or timed out
+    roster_timeouts: int = 0
+
+
+def _peer_id_of_owner(owner_key: bytes) -> str:
+    """The libp2p peer id of an RSA public key (as hivemind writes it into a subkey).
+
+    libp2p's rule: sha2-256 multihash of the protobuf PublicKey holding the DER key.
+    """
+    public_key = serialization.load_ssh_public_key(owner_key)
+    _check(isinstance(public_key, rsa.RSAPublicKey), "owner key is not an RSA key")
+    der = public_key.public_bytes(
+        encoding=serialization.Encoding.DER, format=serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    message = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
+    return str(PeerID(b"\x12\x20" + hashlib.sha256(message).digest()).to_base58())
+
+
+def _write_identity(path: str, key: RSAPrivateKey) -> None:
+    """Write ``key`` as a libp2p identity file, so the DHT's peer id is derived from it."""
+    message = crypto_pb2.PrivateKey(key_type=crypto_pb2.RSA, data=key.to_bytes())
+    with open(path, "wb") as file:
+        file.write(message.SerializeToString())
+
+
+def _host_maddr(host: str, port: int) -> str:
+    try:
+        version = ipaddress.ip_address(host).version
+    except ValueError:
+        return f"/dns/{host}/tcp/{port}"
+    return f"/ip{version}/{host}/tcp/{port}"
+
+
+def parse_bootstrap(address: str) -> str:
+    """Check one ``--bootstrap`` multiaddr; ``ValueError`` with a message a volunteer can act on."""
+    hint = (
+        "expected a multiaddr such as /ip4/203.0.113.5/tcp/31337/p2p/12D3KooW... "
+        "(printed by `gaslocd start`)"
+    )
+    try:
+        PeerID.from_base58(Multiaddr(address)["p2p"])
+    except Exception as error:  # the multiaddr library raises several unrelated types
+        raise ValueError(f"bad bootstrap address {address!r}: {error}; {hint}") from None
+    return address
+
+
+def watch_parent(parent_pid: int, period_s: float = 1.0) -> None:
+    """In a forked child: exit once the process that forked it is gone.
+
+    hivemind's DHT and averager children outlive a parent killed with SIGKILL (or by the
+    OOM killer) and would serve a stale node for ever; their p2pd follows them out.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(period_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="gaslocd-watch-parent", daemon=True).start()
+
+
+@contextlib.contextmanager
+def scratch_event_loop() -> Iterator[None]:
+    """Give hivemind's blocking calls an event loop that is closed afterwards.
+
+    Each hivemind ``MPFuture`` calls ``asyncio.get_event_loop()``, which outside a running
+    loop creates and installs one that nobody closes (two sockets and a ResourceWarning).
+    Inside a running loop this does nothing; outside, it unsets the thread's loop after.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            yield
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+    else:
+        yield
+
+
+def stop_process(process: Any) -> None:
+    """Ask a hivemind child process to stop, kill it if it does not, and reap it."""
+    if process.is_alive():
+        process.shutdown()  # asks, then waits up to its shutdown_timeout
+    if process.is_alive():
+        process.kill()
+    if process.pid is not None:  # join() refuses a process that never started
+        process.join(5)
+
+
+class _DHTProcess(DHT):
+    """hivemind's DHT process, which also exits when its parent dies."""
+
+    def run(self) -> None:
+        watch_parent(self._parent_pid)
+        super().run()
+
+
+class Discovery:
+    """One daemon's view of the run through a hivemind DHT node (a child process).
+
+    :meth:`start` forks the DHT process (which runs the p2pd binary). Call it before the
+    daemon creates any gRPC object, CUDA context or extra thread: a fork copies those in
+    a broken state. The async methods may then be called from one asyncio event loop; each
+    one is bounded by ``request_timeout_s`` and never blocks the loop on the network.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        initial_peers: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        dht_port: int = 0,
+        announce_host: str | None = None,
+        record_ttl_s: float = 30.0,
+        request_timeout_s: float = 5.0,
+        start_timeout_s: float = 30.0,
+    ) -> None:
+        _check(
+            bool(run_id) and len(run_id) <= 64 and run_id.isprintable() and " " not in run_id,
+            f"run id must be 1..64 printable characters without spaces, got {run_id!r}",
+        )
+        _check(0 <= dht_port < 65536, f"DHT port must be in 0..65535, got {dht_port}")
+        _check(
+            announce_host is None or dht_port != 0,
+            "announcing a DHT host needs an explicit DHT port (others cannot dial port 0)",
+        )
+        for name, value in (
+            ("record ttl", record_ttl_s),
+            ("request timeout", request_timeout_s),
+            ("start timeout", start_timeout_s),
+        ):
+            _check(math.isfinite(value) and value > 0, f"{name} must be > 0 seconds, got {value}")
+        self.run_id = run_id
+        self.key = f"gaslocd/{run_id}/peers"
+        self.stats = DiscoveryStats()
+        self._initial_peers = [parse_bootstrap(address) for address in initial_peers]
+        self._host_maddrs = [_host_maddr(host, dht_port)]
+        self._announce = None if announce_host is None else [_host_maddr(announce_host, dht_port)]
+        self._ttl_s, self._timeout_s, self._start_timeout_s = (
+            record_ttl_s,
+            request_timeout_s,
+            start_timeout_s,
+        )
+        self._dht: DHT | None = None
+        self._subkey = b""
+        self._peer_id = ""
+        self._maddrs: list[str] = []
+        self._published: tuple[PeerRecord, float] | None = None  # last record and its expiry
+        self._owner_ids: dict[bytes, str] = {}  # subkey -> peer id, so roster() verifies once
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Fork the DHT process and join the run; blocks for about half a second.
+
+        Raises :class:`DiscoveryError` when no bootstrap peer answers or the node does not
+        come up within ``start_timeout_s``.
+        """
+        _check(self._dht is None, "Discovery.start() was already called")
+        began = time.monotonic()
+        private_key = RSAPrivateKey()
+        validator = RSASignatureValidator(private_key)
+        with scratch_event_loop(), tempfile.TemporaryDirectory(prefix="gaslocd-") as folder:
+            identity = os.path.join(folder, "identity.key")
+            _write_identity(identity, private_key)  # p2pd reads it once, at start-up
+            dht = _DHTProcess(
+                initial_peers=self._initial_peers,
+                start=False,
+                record_validators=[validator],
+                host_maddrs=self._host_maddrs,
+                announce_maddrs=self._announce,
+                identity_path=identity,
+                check_if_identity_free=False,  # a fresh key; checking costs a second p2pd
+                wait_timeout=self._timeout_s,
+                startup_timeout=self._start_timeout_s,
+                ensure_bootstrap_success=True,
+            )
+            try:
+                dht.run_in_background(await_ready=True, timeout=self._start_timeout_s)
+                peer_id = str(dht.peer_id.to_base58())
+                self._maddrs = [str(maddr) for maddr in dht.get_visible_maddrs()]
+            except Exception as error:
+                stop_process(dht)
+                raise DiscoveryError(self._start_failure(error)) from error
+        self._dht, self._peer_id, self._subkey = dht, peer_id, validator.local_public_key
+        # If this ever fails, roster() would reject our own record as forged: fail loudly now.
+        assert peer_id == _peer_id_of_owner(_OWNER_RE.findall(self._subkey)[0])
+        logger.info(
+            "DHT node %s up in %.2f s at %s", peer_id, time.monotonic() - began, self._maddrs
+        )
+
+    def _start_failure(self, error: BaseException) -> str:
+        if isinstance(error, concurrent.futures.TimeoutError):
+            reason = f"the DHT node did not come up within {self._start_timeout_s:g} s"
+        else:
+            reason = str(error).strip() or type(error).__name__
+        if self._initial_peers:
+            return (
+                f"could not join the run through {', '.join(self._initial_peers)}: {reason}. "
+                "Check that the address is current and that its host and port are reachable."
+            )
+        return f"could not start the DHT node on {self._host_maddrs[0]}: {reason}"
+
+    def shutdown(self) -> None:
+        """Stop the DHT process (idempotent). Call :meth:`withdraw` first on a graceful exit."""
+        dht, self._dht = self._dht, None
+        if dht is not None:
+            stop_process(dht)
+
+    def __enter__(self) -> Discovery:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.shutdown()
+
+    # -- identity ------------------------------------------------------------------------
+
+    @property
+    def dht(self) -> DHT:
+        """The running hivemind DHT (for :class:`gaslocd.net.allreduce.HivemindAllReduce`)."""
+        _check(self._dht is not None, "Discovery is not started")
+        assert self._dht is not None
+        return self._dht
+
+    @property
+    def peer_id(self) -> str:
+        """This node's base58 libp2p peer id; also what its records must carry."""
+        _check(bool(self._peer_id), "Discovery is not started")
+        return self._peer_id
+
+    @property
+    def subkey(self) -> bytes:
+        """The signed subkey this peer writes under (holds its RSA public key)."""
+        return self._subkey
+
+    def bootstrap_addresses(self) -> list[str]:
+        """Multiaddrs that others pass as ``--bootstrap`` to join through this node."""
+        _check(bool(self._maddrs), "Discovery is not started")
+        return list(self._maddrs)
+
+    # -- records -------------------------------------------------------------------------
+
+    async def _bounded(self, future: Awaitable[T], what: str) -> T:
+        try:
+            return await asyncio.wait_for(future, self._timeout_s)
+        except asyncio.TimeoutError:
+            raise DiscoveryError(
+                f"DHT {what} did not finish within {self._timeout_s:g} s"
+            ) from None
+
+    async def publish(self, record: PeerRecord) -> None:
+        """Store (or refresh) this peer's record until now + ``record_ttl_s``.
+
+        Meant as a heartbeat every ttl/3. Raises :class:`DiscoveryError` when no DHT node
+        accepted it in time (counted in ``stats.publish_failures``); the daemon should log
+        that and try again at the next heartbeat.
+        """
+        _check(
+            record.peer_id == self.peer_id,
+            f"record peer id {record.peer_id} is not this node's ({self.peer_id})",
+        )
+        expiration = get_dht_time() + self._ttl_s
+        future = self.dht.store(
+            self.key, record.to_wire(), expiration, subkey=self._subkey, return_future=True
+        )
+        try:
+            stored = await self._bounded(future, "publish")
+        except DiscoveryError:
+            self.stats.publish_failures += 1
+            raise
+        if not stored:
+            self.stats.publish_failures += 1
+            raise DiscoveryError("publishing our record failed: no DHT node accepted it")
+        self._published = (record, expiration)
+
+    async def withdraw(self) -> None:
+        """Tell the run that this peer left, so that peers stop pairing with it at once.
+
+        hivemind keeps the value with the latest expiration per subkey and cannot delete,
+        so this stores a signed tombstone that expires just after the last record would
+        have: it wins over every replica of that record and then disappears by itself.
+        """
+        published, self._published = self._published, None
+        if published is None or self._dht is None or published[1] <= get_dht_time():
+            return
+        tombstone = {"v": WIRE_VERSION, "left": True, "peer_id": self.peer_id}
+        future = self.dht.store(
+            self.key, tombstone, published[1] + 1e-3, subkey=self._subkey, return_future=True
+        )
+        if not await self._bounded(future, "withdraw"):
+            raise DiscoveryError("the DHT rejected our tombstone; our record expires by itself")
+
+    async def roster(self, fingerprint: str | None = None) -> list[PeerRecord]:
+        """Fresh, valid records of the run (this peer's included once published), by peer id.
+
+        ``fingerprint`` keeps only peers that train the same model. Malformed, unsigned or
+        forged entries are skipped and counted in ``stats.malformed_records``; a slow DHT
+        raises :class:`DiscoveryError` after ``request_timeout_s``.
+        """
+        # latest=True merges the subkeys found on every replica; without it the first
+        # (possibly cached, partial) copy of the dictionary would do.
+        future = self.dht.get(self.key, latest=True, return_future=True)
+        try:
+            found = await self._bounded(future, "roster")
+        except DiscoveryError:
+            self.stats.roster_timeouts += 1
+            raise
+        now = get_dht_time()
+        records: dict[str, PeerRecord] = {}
+        entries = found.value if found is not None and isinstance(found.value, dict) else {}
+        for subkey, entry in entries.items():
+            if entry.expiration_time <= now:
+                continue
+            try:
+                record = self._parse_entry(subkey, entry.value)
+            except ValueError as error:
+                self.stats.malformed_records += 1
+                logger.debug("skipping a DHT entry under %s: %s", self.key, error)
+                continue
+            if record is not None:
+                records[record.peer_id] = record
+        # Our own node stores our record too, so this only fills a gap (a racing get).
+        if self._published is not None and self._published[1] > now:
+            records.setdefault(self.peer_id, self._published[0])
+        return sorted(
+            (r for r in records.values() if fingerprint is None or r.fingerprint == fingerprint),
+            key=lambda r: r.peer_id,
+        )
+
+    def _parse_entry(self, subkey: object, value: object) -> PeerRecord | None:
+        """A record, ``None`` for a tombstone, or ``ValueError`` for anything else."""
+        _check(isinstance(subkey, bytes), "subkey is not signed bytes")
+        assert isinstance(subkey, bytes)
+        owner_id = self._owner_ids.get(subkey)
+        if owner_id is None:
+            owners = _OWNER_RE.findall(subkey)
+            _check(len(owners) == 1, "subkey does not carry exactly one owner key (unsigned)")
+            try:
+                owner_id = _peer_id_of_owner(owners[0])
+            except Exception as error:  # cryptography raises several types on garbage
+                raise ValueError(f"owner key does not parse: {error}") from None
+            if len(self._owner_ids) > 4096:
+                self._owner_ids.clear()
+            self._owner_ids[subkey] = owner_id
+        if isinstance(value, Mapping) and value.get("left") is True:
+            return None
+        record = PeerRecord.from_wire(value)
+        _check(
+            record.peer_id == owner_id,
+            f"record claims peer id {record.peer_id} but is signed by {owner_id}",
+        )
+        return record

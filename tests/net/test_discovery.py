@@ -1,0 +1,284 @@
+"""Discovery: records on the wire, and real hivemind DHT nodes on 127.0.0.1.
+
+Every wait polls with a deadline; DHT nodes are shut down and child processes reaped
+even when a test fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from gaslocd.net.discovery import (
+    Discovery,
+    DiscoveryError,
+    PeerRecord,
+    parse_bootstrap,
+)
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+PEER_SCRIPT = Path(__file__).with_name("disc_peer.py")
+A_PEER_ID = "QmXfYh5vBz1vQyFJzXXm1vVJ8E8v7a1j4iDfAqYmPaLwTn"
+
+
+def _record(peer_id: str, fingerprint: str = "fp", **changes: Any) -> PeerRecord:
+    fields: dict[str, Any] = dict(
+        peer_id=peer_id,
+        address="127.0.0.1:50051",
+        fingerprint=fingerprint,
+        round=3,
+        inner_steps=30,
+        step_time_s=0.25,
+        bandwidth_bytes_per_s=1e9,
+        version="0.1.0",
+        started_at=1.7e9,
+    )
+    fields.update(changes)
+    return PeerRecord(**fields)
+
+
+async def _poll(
+    probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], deadline_s: float
+) -> T:
+    """Call ``probe`` until ``done`` holds for its result; fail after ``deadline_s``."""
+    end = time.monotonic() + deadline_s
+    while True:
+        value = await probe()
+        if done(value):
+            return value
+        assert time.monotonic() < end, f"condition not reached within {deadline_s} s: {value}"
+        await asyncio.sleep(0.05)
+
+
+# -- records on the wire (no network) ---------------------------------------------------
+
+
+def test_record_round_trips_through_the_wire() -> None:
+    record = _record(A_PEER_ID)
+    wire = record.to_wire()
+    assert wire["v"] == 1 and all(type(v) in (int, float, str) for v in wire.values())
+    assert PeerRecord.from_wire(wire) == record
+    assert PeerRecord.from_wire({**wire, "new_field": [1, 2]}) == record  # newer peers
+    assert PeerRecord.from_wire({**wire, "step_time_s": 1}).step_time_s == 1.0
+
+
+@pytest.mark.parametrize("garbage", [None, "peer", [1, 2], {}, {"v": 1}])
+def test_non_records_raise_value_error(garbage: Any) -> None:
+    with pytest.raises(ValueError):
+        PeerRecord.from_wire(garbage)
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"v": 2},
+        {"round": -1},
+        {"round": True},
+        {"round": 1.5},
+        {"inner_steps": 0},
+        {"step_time_s": float("nan")},
+        {"bandwidth_bytes_per_s": -1.0},
+        {"bandwidth_bytes_per_s": "fast"},
+        {"address": "no-port"},
+        {"address": "host:99999"},
+        {"peer_id": ""},
+        {"fingerprint": "x" * 10_000},
+        {"version": "bad\nline"},
+        {"fingerprint": None},
+    ],
+)
+def test_malformed_wire_records_raise_value_error(patch: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        PeerRecord.from_wire({**_record(A_PEER_ID).to_wire(), **patch})
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "garbage",
+        "127.0.0.1:31337",
+        "/ip4/127.0.0.1/tcp/31337",  # no /p2p/ part: we would not know whom we reach
+        "/ip4/127.0.0.1/tcp/31337/p2p/not-base58-0OIl",
+        "/ip4/300.0.0.1/tcp/31337/p2p/" + A_PEER_ID,
+    ],
+)
+def test_bad_bootstrap_address_is_refused_with_a_hint(address: str) -> None:
+    with pytest.raises(ValueError, match=r"bad bootstrap address.*gaslocd start"):
+        parse_bootstrap(address)
+    with pytest.raises(ValueError, match="bad bootstrap address"):
+        Discovery("run", initial_peers=[address])  # refused before anything starts
+
+
+def test_announcing_needs_an_explicit_port() -> None:
+    with pytest.raises(ValueError, match="explicit DHT port"):
+        Discovery("run", announce_host="203.0.113.5")
+
+
+# -- real DHT nodes ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def trio() -> Iterator[list[Discovery]]:
+    """Three DHT nodes of one run: the first is the bootstrap of the other two."""
+    nodes = [Discovery("trio", record_ttl_s=30.0)]
+    try:
+        nodes[0].start()
+        for _ in range(2):
+            nodes.append(Discovery("trio", initial_peers=nodes[0].bootstrap_addresses()))
+            nodes[-1].start()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.shutdown()
+
+
+@pytest.mark.net
+def test_three_nodes_discover_each_other_and_filter_by_fingerprint(trio: list[Discovery]) -> None:
+    async def body() -> None:
+        ids = sorted(node.peer_id for node in trio)
+        assert len(set(ids)) == 3
+        assert all(node.bootstrap_addresses()[0].endswith(node.peer_id) for node in trio)
+        for node, fingerprint in zip(trio, ["fp", "fp", "other"], strict=True):
+            await node.publish(_record(node.peer_id, fingerprint))
+        for node in trio:
+            roster = await _poll(node.roster, lambda r: len(r) == 3, 10.0)
+            assert [r.peer_id for r in roster] == ids
+            same = await node.roster(fingerprint="fp")
+            assert [r.peer_id for r in same] == sorted(n.peer_id for n in trio[:2])
+            assert node.stats.malformed_records == 0
+        # A heartbeat replaces the record instead of adding one.
+        await trio[1].publish(_record(trio[1].peer_id, round=4))
+        roster = await _poll(
+            trio[2].roster, lambda r: any(x.round == 4 for x in r), deadline_s=10.0
+        )
+        assert len(roster) == 3
+
+    asyncio.run(body())
+
+
+@pytest.mark.net
+def test_malformed_forged_and_impersonating_entries_are_skipped(trio: list[Discovery]) -> None:
+    victim, attacker, observer = trio
+    key = victim.key
+
+    async def body() -> None:
+        genuine = _record(victim.peer_id)
+        await victim.publish(genuine)
+        later = time.time() + 20  # later than the genuine record's expiry would win
+        dht = attacker.dht
+        # 1. Overwrite the victim's subkey: unsigned for that key, so every node refuses.
+        forged = _record(victim.peer_id, fingerprint="evil").to_wire()
+        assert not await dht.store(
+            key, forged, later + 20, subkey=victim.subkey, return_future=True
+        )
+        # 2. Garbage and an impersonation under the attacker's own (validly signed) subkey,
+        # and an entry under a subkey that carries no public key at all.
+        garbage = {"v": 1, "round": "x"}
+        assert await dht.store(key, garbage, later, subkey=attacker.subkey, return_future=True)
+        assert await dht.store(key, forged, later, subkey=b"plain", return_future=True)
+        roster = await _poll(observer.roster, lambda r: observer.stats.malformed_records >= 2, 10.0)
+        assert roster == [genuine]
+        assert await dht.store(key, forged, later + 1, subkey=attacker.subkey, return_future=True)
+        before = observer.stats.malformed_records
+        roster = await observer.roster()
+        assert roster == [genuine]
+        assert observer.stats.malformed_records == before + 2  # impersonation + plain
+        # Publishing someone else's record through the API is refused outright.
+        with pytest.raises(ValueError, match="not this node"):
+            await attacker.publish(genuine)
+
+    asyncio.run(body())
+
+
+@pytest.mark.net
+def test_withdraw_removes_the_record_from_other_rosters(trio: list[Discovery]) -> None:
+    async def body() -> None:
+        for node in trio:
+            await node.publish(_record(node.peer_id))
+        await _poll(trio[2].roster, lambda r: len(r) == 3, 10.0)
+        await trio[1].withdraw()
+        await trio[1].withdraw()  # idempotent
+        for node in (trio[0], trio[2]):
+            roster = await node.roster()
+            assert trio[1].peer_id not in [r.peer_id for r in roster]
+            assert node.stats.malformed_records == 0  # a tombstone is not garbage
+        # Coming back after a withdraw works: a new heartbeat outlives the tombstone.
+        await trio[1].publish(_record(trio[1].peer_id))
+        await _poll(trio[0].roster, lambda r: len(r) == 3, 10.0)
+
+    asyncio.run(body())
+
+
+@pytest.mark.net
+def test_unreachable_bootstrap_fails_fast_with_a_clear_message() -> None:
+    with Discovery("run") as alive:
+        address = alive.bootstrap_addresses()[0]
+    # The node is gone now: its address is well-formed but nobody answers there.
+    began = time.monotonic()
+    node = Discovery("run", initial_peers=[address], start_timeout_s=10.0)
+    with pytest.raises(DiscoveryError, match=r"could not join the run through /ip4/127\.0\.0\.1"):
+        node.start()
+    assert time.monotonic() - began < 12.0
+    node.shutdown()
+
+
+@pytest.mark.net
+@pytest.mark.slow
+def test_sigkilled_peer_expires_from_rosters_and_its_dht_child_exits(
+    reaper: list[subprocess.Popen[bytes]],
+) -> None:
+    ttl_s = 3.0
+    with Discovery("expiry", record_ttl_s=ttl_s) as survivor:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, str(PEER_SCRIPT), "expiry"]
+        command += [survivor.bootstrap_addresses()[0], str(ttl_s)]
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, env=env, start_new_session=True, cwd=ROOT
+        )
+        reaper.append(proc)
+        assert proc.stdout is not None
+        with proc.stdout:
+            line = proc.stdout.readline()  # bounded by the global test timeout
+        assert line, f"peer exited early with {proc.wait()}"
+        hello = json.loads(line)
+        own = _record(survivor.peer_id)
+
+        async def heartbeat_and_roster() -> list[PeerRecord]:
+            await survivor.publish(own)  # the survivor's own record must stay fresh
+            return await survivor.roster()
+
+        async def body() -> float:
+            await _poll(heartbeat_and_roster, lambda r: len(r) == 2, 10.0)
+            os.kill(proc.pid, signal.SIGKILL)  # only the main process, as the OOM killer does
+            killed = time.monotonic()
+            roster = await _poll(heartbeat_and_roster, lambda r: len(r) == 1, ttl_s + 5.0)
+            assert roster == [own]
+            return time.monotonic() - killed
+
+        gone_after_s = asyncio.run(body())
+        assert gone_after_s <= ttl_s + 5.0
+        # The orphaned DHT process notices its parent is gone and exits.
+        end = time.monotonic() + 10.0
+        while _alive(hello["dht_pid"]):
+            assert time.monotonic() < end, "the DHT child outlived its parent"
+            time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead too
+        return stat.read().split(")")[-1].split()[0] != "Z"
