@@ -46,3 +46,10 @@ typecheck: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
+
+# The one recorded command that writes gaslocd/net/proto/ from protos/ (committed output;
+# tests/net/test_wire_proto.py checks that running it again changes nothing). The
+# -I<virtual>=<dir> mapping makes the generated imports absolute (gaslocd.net.proto...).
+.PHONY: proto
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Igaslocd/net/proto=protos --python_out=. --pyi_out=. --grpc_python_out=. protos/peer.proto

@@ -1,0 +1,117 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Chunk(_message.Message):
+    __slots__ = ("header", "data", "state_header")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STATE_HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: ExchangeHeader
+    data: bytes
+    state_header: StateHeader
+    def __init__(self, header: _Optional[_Union[ExchangeHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., state_header: _Optional[_Union[StateHeader, _Mapping]] = ...) -> None: ...
+
+class ExchangeHeader(_message.Message):
+    __slots__ = ("run_id", "round", "sender", "roster_digest", "fingerprint", "codec", "numel", "encoded_nbytes", "chunk_bytes", "token")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    ROSTER_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    NUMEL_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_NBYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    round: int
+    sender: str
+    roster_digest: bytes
+    fingerprint: str
+    codec: str
+    numel: int
+    encoded_nbytes: int
+    chunk_bytes: int
+    token: bytes
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., roster_digest: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., codec: _Optional[str] = ..., numel: _Optional[int] = ..., encoded_nbytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
+
+class StateRequest(_message.Message):
+    __slots__ = ("run_id", "sender", "fingerprint", "token")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    sender: str
+    fingerprint: str
+    token: bytes
+    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., fingerprint: _Optional[str] = ..., token: _Optional[bytes] = ...) -> None: ...
+
+class TensorInfo(_message.Message):
+    __slots__ = ("name", "numel")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUMEL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    numel: int
+    def __init__(self, name: _Optional[str] = ..., numel: _Optional[int] = ...) -> None: ...
+
+class StateHeader(_message.Message):
+    __slots__ = ("run_id", "fingerprint", "round", "data_position", "tensors", "chunk_bytes", "extra", "token")
+    class ExtraEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    DATA_POSITION_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    fingerprint: str
+    round: int
+    data_position: int
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorInfo]
+    chunk_bytes: int
+    extra: _containers.ScalarMap[str, str]
+    token: bytes
+    def __init__(self, run_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., round: _Optional[int] = ..., data_position: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., chunk_bytes: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ..., token: _Optional[bytes] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("run_id", "token")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    token: bytes
+    def __init__(self, run_id: _Optional[str] = ..., token: _Optional[bytes] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("peer_id", "run_id", "round", "version", "fields")
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    run_id: str
+    round: int
+    version: str
+    fields: _containers.ScalarMap[str, str]
+    def __init__(self, peer_id: _Optional[str] = ..., run_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ...) -> None: ...
