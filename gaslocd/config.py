@@ -203,3 +203,67 @@ class SimConfig:
         """Access-link bandwidth of ``worker`` in bytes per second."""
         fraction = next((s.fraction for s in self.stragglers if s.worker == worker), 1.0)
         return self.bandwidth_mbps * 1e6 / 8 * fraction
+
+
+_MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class WireConfig:
+    """The gRPC wire (``gaslocd.net``): limits, chunking, deadlines, auth and TLS.
+
+    ``token`` is the run's shared join secret; every exchange, state and status request
+    must carry it (compared in constant time). An empty token disables the check, which
+    is only sensible on loopback. ``tls_cert``/``tls_key`` are this peer's identity (as
+    server and as client); ``tls_ca`` is what it trusts for its peers: with a CA set the
+    server also requires client certificates (mutual TLS). Files are read in ``start()``.
+    """
+
+    token: str = ""
+    chunk_bytes: int = 2 * _MiB  # what we send per message (1–4 MiB measured best)
+    max_chunk_bytes: int = 4 * _MiB  # the largest data message we accept from a peer
+    codecs: tuple[str, ...] = CODECS  # codecs we accept from peers
+    norm_bound: float = 1.0  # refuse θ̃_j with ‖θ̃_j − θ̃_i‖ > norm_bound · ‖θ̃_i‖
+    accept_wait_s: float = 60.0  # how long an incoming call may wait for our round to open
+    round_lead: int = 1  # a caller may be this many rounds ahead of us and still wait
+    pipeline_chunks: int = 3  # chunks encoded / decoded ahead of the socket, per stream
+    keepalive_time_s: float = 20.0
+    keepalive_timeout_s: float = 10.0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_server_name: str | None = None  # name to verify in peers' certificates, if not the host
+
+    def __post_init__(self) -> None:
+        _check(
+            64 * 1024 <= self.chunk_bytes <= self.max_chunk_bytes <= 64 * _MiB,
+            f"need 64 KiB <= chunk_bytes ({self.chunk_bytes}) <= max_chunk_bytes "
+            f"({self.max_chunk_bytes}) <= 64 MiB",
+        )
+        _check(bool(self.codecs), "at least one codec must be accepted")
+        for name in self.codecs:
+            _check(name in CODECS, f"codec must be one of {', '.join(CODECS)}; got {name!r}")
+        _positive("norm bound", self.norm_bound)
+        _positive("accept wait (s)", self.accept_wait_s)
+        _check(self.round_lead >= 0, f"round lead must be >= 0, got {self.round_lead}")
+        _check(self.pipeline_chunks >= 1, f"pipeline chunks must be >= 1, got {self.pipeline_chunks}")
+        _positive("keepalive time (s)", self.keepalive_time_s)
+        _positive("keepalive timeout (s)", self.keepalive_timeout_s)
+        _check(
+            (self.tls_cert is None) == (self.tls_key is None),
+            "TLS needs both --tls-cert and --tls-key (or neither)",
+        )
+        _check(
+            self.tls_ca is None or self.tls_cert is not None,
+            "--tls-ca needs --tls-cert and --tls-key too (peers verify each other)",
+        )
+
+    @property
+    def tls(self) -> bool:
+        """Whether this peer serves and dials over TLS."""
+        return self.tls_cert is not None
+
+    @property
+    def max_message_bytes(self) -> int:
+        """gRPC message limit: the largest chunk plus room for framing, never more."""
+        return self.max_chunk_bytes + 64 * 1024

@@ -1,0 +1,237 @@
+"""The calling side: dialing a partner's Exchange, fetching state, asking for status.
+
+One ``grpc.aio`` channel per address, cached (a channel is one HTTP/2 connection; a new
+one per round would pay TCP and TLS set-up every round) and closed by :meth:`close`.
+Every call carries a deadline. The Exchange and GetState streams use identity
+serializers: the messages are ``Chunk`` bytes built and parsed by :mod:`frames`.
+
+What the dialer checks in the acceptor's reply is what the acceptor checks in ours
+(token, run, round, sender, fingerprint, codec, sizes, finite values, norm bound): the
+token in both directions means a process at a partner's address that does not hold the
+run's secret cannot feed us parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from concurrent.futures import Executor
+
+import grpc
+import torch
+
+from gaslocd.config import WireConfig
+from gaslocd.net.frames import MalformedMessage, frame_header, parse_chunk
+from gaslocd.net.proto import peer_pb2 as pb
+from gaslocd.net.rendezvous import ExchangeFailure, ExchangeResult, Outcome, RoundOffer
+from gaslocd.net.security import channel_credentials, channel_options
+from gaslocd.net.state import PeerState, receive_state
+from gaslocd.net.stream import Receiver, expect_end, receive_data, run_duplex, send_message
+from gaslocd.net.validation import (
+    Identity,
+    Refusal,
+    WireStats,
+    check_payload,
+    check_static,
+    reason_from_details,
+)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Peer"].full_name
+EXCHANGE = f"/{SERVICE}/Exchange"
+GET_STATE = f"/{SERVICE}/GetState"
+STATUS = f"/{SERVICE}/Status"
+
+
+def failure_from_rpc(
+    peer: str, err: grpc.aio.AioRpcError, role: str, elapsed_s: float
+) -> ExchangeFailure:
+    """Name a failed call: the peer's own refusal reason if it gave one, else the status."""
+    reason = reason_from_details(err.details())
+    code = err.code()
+    if reason != "other":
+        label = f"refused:{reason}"
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        label = "deadline"
+    else:
+        label = code.name.lower() if code is not None else "rpc-error"
+    return ExchangeFailure(peer, label, err.details() or "", role, elapsed_s)
+
+
+def exchange_header(me: Identity, config: WireConfig, offer: RoundOffer) -> bytes:
+    msg = offer.message
+    return frame_header(
+        pb.ExchangeHeader(
+            run_id=me.run_id,
+            round=offer.round,
+            sender=me.peer_id,
+            roster_digest=offer.roster_digest,
+            fingerprint=me.fingerprint,
+            codec=msg.codec.name,
+            numel=msg.numel,
+            encoded_nbytes=msg.nbytes,
+            chunk_bytes=msg.chunk_bytes,
+            token=config.token.encode(),
+        )
+    )
+
+
+class PeerClient:
+    """Outgoing calls of one peer. Create it inside the event loop; ``await close()``."""
+
+    def __init__(
+        self, config: WireConfig, me: Identity, executor: Executor, stats: WireStats
+    ) -> None:
+        self.config = config
+        self.me = me
+        self.stats = stats
+        self._executor = executor
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._credentials = channel_credentials(config)
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        chan = self._channels.get(address)
+        if chan is None:
+            opts = channel_options(self.config)
+            if self._credentials is None:
+                chan = grpc.aio.insecure_channel(address, options=opts)
+            else:
+                chan = grpc.aio.secure_channel(address, self._credentials, options=opts)
+            self._channels[address] = chan
+        return chan
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for chan in channels:
+            await chan.close()
+
+    async def dial(self, offer: RoundOffer, peer: str, timeout_s: float) -> Outcome:
+        """Exchange θ̃ with ``peer`` for ``offer.round``: both directions on one call."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        call = self.channel(offer.partners[peer]).stream_stream(EXCHANGE)(timeout=timeout_s)
+        out = offer.take_buffer()
+        receiver: Receiver | None = None
+        timing: dict[str, float] = {}
+        header = exchange_header(self.me, self.config, offer)
+
+        async def send() -> int:
+            sent = await send_message(
+                call.write, header, offer.message, self.config.pipeline_chunks
+            )
+            await call.done_writing()
+            return sent
+
+        async def receive() -> tuple[int, str | None]:
+            nonlocal receiver
+            first = await call.read()
+            timing["header"] = loop.time()
+            receiver = self._check_reply(first, offer, peer, out)
+            await receive_data(call.read, receiver)
+            timing["done"] = loop.time()
+            try:  # the acceptor's verdict on *our* data: it ends the call after checking it
+                await expect_end(call.read)
+            except grpc.aio.AioRpcError as err:
+                return receiver.received, reason_from_details(err.details())
+            return receiver.received, None
+
+        try:
+            sent, (received, refusal) = await run_duplex(send(), receive())
+        except Refusal as refusal_exc:
+            self.stats.rejected[refusal_exc.reason] += 1
+            call.cancel()
+            return ExchangeFailure(
+                peer,
+                f"rejected:{refusal_exc.reason}",
+                refusal_exc.detail,
+                "dial",
+                loop.time() - start,
+            )
+        except grpc.aio.AioRpcError as err:
+            return failure_from_rpc(peer, err, "dial", loop.time() - start)
+        finally:
+            if receiver is not None:
+                await receiver.close()
+            if not call.done():
+                call.cancel()
+        self.stats.bytes_sent += sent
+        self.stats.bytes_received += received
+        return ExchangeResult(
+            peer=peer,
+            theta=out,
+            codec=receiver.codec.name if receiver is not None else "",
+            role="dial",
+            bytes_sent=sent,
+            bytes_received=received,
+            wait_s=timing["header"] - start,
+            transfer_s=timing["done"] - timing["header"],
+            peer_refusal=refusal,
+        )
+
+    def _check_reply(
+        self, first: object, offer: RoundOffer, peer: str, out: torch.Tensor
+    ) -> Receiver:
+        if not isinstance(first, bytes):
+            raise Refusal("truncated", "the acceptor closed the stream before its header")
+        try:
+            parsed = parse_chunk(first)
+        except MalformedMessage as exc:
+            raise Refusal("malformed", str(exc)) from None
+        h = parsed.header
+        if h is None:
+            raise Refusal("unexpected-message", f"a {parsed.kind} where a header was expected")
+        check_static(self.config, self.me, h.token, h.run_id, h.fingerprint)
+        if h.sender != peer:
+            raise Refusal("wrong-sender", f"expected {peer!r}, the reply is from {h.sender[:64]!r}")
+        if h.round != offer.round:
+            raise Refusal("stale-round", f"reply for round {h.round}, we are in {offer.round}")
+        codec = check_payload(self.config, h, offer.message.numel, offer.roster_digest)
+        return Receiver(
+            codec,
+            out,
+            h.chunk_bytes,
+            self._executor,
+            self.config.pipeline_chunks,
+            reference=offer.theta,
+            max_distance=offer.max_distance(self.config.norm_bound),
+        )
+
+    async def fetch_state(
+        self, address: str, expected: Mapping[str, int], timeout_s: float
+    ) -> PeerState:
+        """Stream a live peer's state (θ, outer momentum, ...) sized as ``expected``.
+
+        Raises :class:`Refusal` when the reply fails our checks and ``AioRpcError`` when
+        the peer refuses us or cannot be reached.
+        """
+        request = pb.StateRequest(
+            run_id=self.me.run_id,
+            sender=self.me.peer_id,
+            fingerprint=self.me.fingerprint,
+            token=self.config.token.encode(),
+        )
+        call = self.channel(address).unary_stream(
+            GET_STATE, request_serializer=pb.StateRequest.SerializeToString
+        )(request, timeout=timeout_s)
+        try:
+            state = await receive_state(call.read, expected, self.me, self.config, self._executor)
+        except Refusal as exc:
+            self.stats.rejected[exc.reason] += 1
+            raise
+        finally:
+            if not call.done():
+                call.cancel()
+        self.stats.bytes_received += sum(4 * n for n in expected.values())
+        return state
+
+    async def status(self, address: str, timeout_s: float) -> pb.StatusReply:
+        """The peer's ``StatusReply`` (peer id, run, round, version, free-form fields)."""
+        # Not the generated stub: importing peer_pb2_grpc would pull its untyped code into
+        # mypy; this is the same call (the tests also drive the server with that stub).
+        call = self.channel(address).unary_unary(
+            STATUS,
+            request_serializer=pb.StatusRequest.SerializeToString,
+            response_deserializer=pb.StatusReply.FromString,
+        )
+        request = pb.StatusRequest(run_id=self.me.run_id, token=self.config.token.encode())
+        reply: pb.StatusReply = await call(request, timeout=timeout_s)
+        return reply

@@ -1,0 +1,183 @@
+"""The per-round rendezvous: what this peer offers for round r, and who may take it.
+
+The daemon *opens* round r once its θ̃ is ready: the offer holds θ̃ (encoded lazily),
+the partners of round r and where each one listens. Of each pair exactly one side dials:
+the peer whose id sorts first (:func:`dials`). A deterministic rule that both sides compute
+from their ids alone means one gRPC call per pair (no duplicate exchange, no tie-break
+messages) and nothing to agree on beyond the pairing itself.
+
+An incoming call *claims* its sender's slot in the offer. The claim waits (bounded) for
+our round r to open when the caller is ahead of us — it finished its local steps first,
+which is the normal case, not an error — and is refused when the round is stale (we have
+moved on), too far ahead, closed (we gave up on it), not ours to accept (not a partner,
+or a partner we dial ourselves), or already claimed. Refusals *before* the claim never
+touch the slot, so a caller without the token or with a wrong round cannot make a real
+partner's exchange fail; a failure *after* the claim (bad data) ends that partner's
+exchange for the round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from gaslocd.net.stream import OutgoingMessage
+from gaslocd.net.validation import Refusal
+
+
+def dials(me: str, peer: str) -> bool:
+    """Whether ``me`` places the call to ``peer`` (the smaller id dials)."""
+    if me == peer:
+        raise ValueError(f"a peer cannot be its own partner ({me!r})")
+    return me < peer
+
+
+@dataclass(frozen=True)
+class ExchangeResult:
+    """θ̃_j received from ``peer`` and validated. ``theta`` is ours to keep.
+
+    ``transfer_s`` runs from the peer's header to the last checked chunk (the link's
+    transfer time, for the H policy); ``wait_s`` is the time before that (the partner
+    still training: idle time). ``peer_refusal`` is set when the peer refused what *we*
+    sent although we received its θ̃ intact (then the exchange is one-sided this round).
+    """
+
+    peer: str
+    theta: torch.Tensor
+    codec: str
+    role: str  # "dial" or "accept"
+    bytes_sent: int
+    bytes_received: int
+    wait_s: float
+    transfer_s: float
+    peer_refusal: str | None = None
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class ExchangeFailure:
+    """No usable θ̃_j from ``peer`` this round; ``reason`` is a stable metric label."""
+
+    peer: str
+    reason: str
+    detail: str
+    role: str
+    elapsed_s: float = 0.0
+    ok: bool = False
+
+
+Outcome = ExchangeResult | ExchangeFailure
+
+
+@dataclass
+class RoundOffer:
+    """What this peer offers in round ``round`` and to whom."""
+
+    round: int
+    message: OutgoingMessage
+    partners: dict[str, str]  # peer id -> "host:port"
+    roster_digest: bytes
+    reference_norm: float
+    buffers: list[torch.Tensor]
+    outcomes: dict[str, asyncio.Future[Outcome]] = field(default_factory=dict)
+    claimed: set[str] = field(default_factory=set)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: set[asyncio.Future[ExchangeResult]] = field(default_factory=set)  # running accepts
+    opened_at: float = 0.0  # loop time
+
+    @property
+    def theta(self) -> torch.Tensor:
+        return self.message.theta
+
+    def take_buffer(self) -> torch.Tensor:
+        """A float32 buffer of our own numel for an incoming θ̃ (never a declared size)."""
+        if self.buffers:
+            return self.buffers.pop()
+        return torch.empty(self.message.numel, dtype=torch.float32)
+
+    def resolve(self, peer: str, outcome: Outcome) -> None:
+        fut = self.outcomes.get(peer)
+        if fut is not None and not fut.done():
+            fut.set_result(outcome)
+
+    def max_distance(self, norm_bound: float) -> float:
+        return norm_bound * self.reference_norm if self.reference_norm > 0 else math.inf
+
+
+class RoundBoard:
+    """The open offer (one at a time: opening round r+1 closes round r) and its waiters."""
+
+    def __init__(self, me: str, round_lead: int) -> None:
+        self.me = me
+        self.round_lead = round_lead
+        self.offer: RoundOffer | None = None
+        self._changed = asyncio.Event()
+
+    @property
+    def latest_round(self) -> int | None:
+        return None if self.offer is None else self.offer.round
+
+    def open(self, offer: RoundOffer) -> None:
+        latest = self.latest_round
+        if latest is not None and offer.round <= latest:
+            raise ValueError(f"round {offer.round} is not after the open round {latest}")
+        if self.offer is not None:
+            self.close(self.offer)
+        for peer in offer.partners:
+            dials(self.me, peer)  # refuses ourselves as a partner
+            offer.outcomes[peer] = asyncio.get_running_loop().create_future()
+        self.offer = offer
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def close(self, offer: RoundOffer) -> None:
+        """No new claims; running streams of the round see ``closed`` and stop."""
+        offer.closed.set()
+        for task in offer.tasks:
+            task.cancel()
+        for peer, fut in offer.outcomes.items():
+            if not fut.done():
+                fut.set_result(ExchangeFailure(peer, "deadline", "round closed", "accept"))
+
+    async def claim(self, round_: int, sender: str, timeout_s: float) -> RoundOffer:
+        """Bind an incoming call from ``sender`` to our offer for ``round_`` (or refuse)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            offer = self.offer
+            if offer is not None:
+                if round_ < offer.round:
+                    raise Refusal("stale-round", f"round {round_} < our round {offer.round}")
+                if round_ > offer.round + self.round_lead:
+                    raise Refusal(
+                        "future-round", f"round {round_} is too far ahead of {offer.round}"
+                    )
+                if round_ == offer.round:
+                    return self._claim_in(offer, sender)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise Refusal(
+                    "timeout", f"our round {round_} did not open within {timeout_s:.3g} s"
+                )
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                continue  # re-check, then refuse with "timeout" above
+
+    def _claim_in(self, offer: RoundOffer, sender: str) -> RoundOffer:
+        if offer.closed.is_set():
+            raise Refusal("round-closed", f"round {offer.round} is over here")
+        if sender not in offer.partners:
+            raise Refusal(
+                "not-a-partner", f"{sender[:64]!r} is not our partner in round {offer.round}"
+            )
+        if dials(self.me, sender):
+            raise Refusal("wrong-direction", f"{self.me!r} dials {sender!r}, not the other way")
+        if sender in offer.claimed:
+            raise Refusal("duplicate", f"{sender!r} already has a call for round {offer.round}")
+        offer.claimed.add(sender)
+        return offer

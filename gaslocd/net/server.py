@@ -1,0 +1,358 @@
+"""``ExchangeServer``: one peer's side of the wire (serves and dials), driven by the daemon.
+
+Lifecycle and contract (all coroutines run on the daemon's event loop; uvloop is the
+daemon's choice — install it in the process entry point, not on import)::
+
+    server = ExchangeServer(WireConfig(token=...), Identity(run_id, peer_id, fingerprint))
+    port = await server.start("0.0.0.0", 0)          # bound port; files (TLS) read here
+    server.set_state_provider(lambda: PeerState(...)) # for newcomers' GetState
+    server.set_status_provider(lambda: {...})         # extra fields for Status
+    # every round:
+    await server.open_round(r, theta_tilde, {peer_id: "host:port", ...}, codec="bf16",
+                            feedback=error_feedback, roster_digest=digest)
+    outcomes = await server.exchange_round(r, deadline_s)  # {peer_id: result or failure}
+    # outcomes[p].ok → outcomes[p].theta (validated θ̃_p, float32), .transfer_s, .bytes_*
+    # not ok → .reason ("deadline", "unavailable", "refused:<why>", "rejected:<why>", ...)
+    await server.stop(grace_s)
+
+``open_round`` publishes the offer at once, so a partner that finished its local steps
+first can already stream (its call waits, bounded, until we open). ``exchange_round``
+dials the partners we dial (:func:`~gaslocd.net.rendezvous.dials`), waits for the
+others' calls, and returns when every partner has an outcome or the deadline passed:
+a dead or late partner costs at most ``deadline_s``. On return the round is closed and
+nothing of it is still running (no task, no thread writing a buffer), so θ̃ may be
+changed. θ̃ must not be changed between ``open_round`` and the end of ``exchange_round``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import torch
+from google.protobuf.message import DecodeError
+
+import gaslocd
+from gaslocd.config import WireConfig
+from gaslocd.net.client import SERVICE, PeerClient, exchange_header
+from gaslocd.net.codecs import ErrorFeedback, get_codec
+from gaslocd.net.frames import MalformedMessage, parse_chunk
+from gaslocd.net.proto import peer_pb2 as pb
+from gaslocd.net.rendezvous import (
+    ExchangeFailure,
+    ExchangeResult,
+    Outcome,
+    RoundBoard,
+    RoundOffer,
+    dials,
+)
+from gaslocd.net.security import server_credentials, server_options
+from gaslocd.net.state import PeerState, send_state
+from gaslocd.net.stream import OutgoingMessage, Receiver, expect_end, receive_data, run_duplex
+from gaslocd.net.stream import send_message as send_stream
+from gaslocd.net.validation import Identity, Refusal, WireStats, check_payload, check_static
+
+log = logging.getLogger(__name__)
+
+StateProvider = Callable[[], PeerState | Awaitable[PeerState]]
+StatusProvider = Callable[[], Mapping[str, object]]
+
+
+class ExchangeServer:
+    """Serves Exchange / GetState / Status and dials this peer's partners."""
+
+    def __init__(self, config: WireConfig, me: Identity, stats: WireStats | None = None) -> None:
+        self.config = config
+        self.me = me
+        self.stats = stats if stats is not None else WireStats()
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._client: PeerClient | None = None
+        self._board: RoundBoard | None = None
+        self._state_provider: StateProvider | None = None
+        self._status_provider: StatusProvider | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Bind and serve; returns the bound port (``port=0`` picks a free one)."""
+        # Two threads: one stream's decode and another's encode can run at once; torch
+        # adds its own intra-op threads inside each call.
+        self._executor = ThreadPoolExecutor(2, thread_name_prefix="gaslocd-wire")
+        self._board = RoundBoard(self.me.peer_id, self.config.round_lead)
+        self._client = PeerClient(self.config, self.me, self._executor, self.stats)
+        server = grpc.aio.server(options=server_options(self.config), maximum_concurrent_rpcs=64)
+        handlers = {
+            "Exchange": grpc.stream_stream_rpc_method_handler(self._exchange),
+            "GetState": grpc.unary_stream_rpc_method_handler(self._get_state),
+            "Status": grpc.unary_unary_rpc_method_handler(
+                self._status, response_serializer=pb.StatusReply.SerializeToString
+            ),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        creds = server_credentials(self.config)
+        where = f"{host}:{port}"
+        bound = server.add_secure_port(where, creds) if creds else server.add_insecure_port(where)
+        if bound == 0:
+            raise OSError(f"could not bind {where}")
+        await server.start()
+        self._server, self.port = server, bound
+        log.info("serving %s on %s:%d (tls=%s)", self.me.peer_id, host, bound, self.config.tls)
+        return bound
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Refuse new calls, give running ones ``grace_s``, close channels and threads."""
+        if self._board is not None and self._board.offer is not None:
+            self._board.close(self._board.offer)
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+        if self._client is not None:
+            await self._client.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def __aenter__(self) -> ExchangeServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def client(self) -> PeerClient:
+        """Outgoing calls that are not exchanges: ``fetch_state``, ``status``."""
+        if self._client is None:
+            raise RuntimeError("call start() first")
+        return self._client
+
+    def set_state_provider(self, provider: StateProvider) -> None:
+        self._state_provider = provider
+
+    def set_status_provider(self, provider: StatusProvider) -> None:
+        self._status_provider = provider
+
+    # -- rounds ------------------------------------------------------------------------
+
+    async def open_round(
+        self,
+        round_: int,
+        theta_tilde: torch.Tensor,
+        partners: Mapping[str, str],
+        *,
+        codec: str = "fp32",
+        feedback: ErrorFeedback | None = None,
+        roster_digest: bytes = b"",
+        receive_buffers: Sequence[torch.Tensor] = (),
+    ) -> None:
+        """Offer ``theta_tilde`` (flat float32, CPU) for round ``round_`` to ``partners``.
+
+        ``feedback`` (for lossy codecs) advances once per round, whatever the number of
+        partners. ``receive_buffers`` (float32, our numel) are reused for incoming θ̃ in
+        place of fresh allocations; one that ends up in a failed exchange holds garbage.
+        Opening a round closes the previous one.
+        """
+        if self._board is None or self._executor is None:
+            raise RuntimeError("call start() first")
+        loop = asyncio.get_running_loop()
+        message = OutgoingMessage(
+            theta_tilde, get_codec(codec), self.config.chunk_bytes, self._executor, feedback
+        )
+        norm = await loop.run_in_executor(self._executor, lambda: float(theta_tilde.norm()))
+        for buf in receive_buffers:
+            if buf.dtype != torch.float32 or buf.shape != theta_tilde.shape:
+                raise ValueError("receive buffers must be float32 and shaped like θ̃")
+        offer = RoundOffer(
+            round_, message, dict(partners), roster_digest, norm, list(receive_buffers)
+        )
+        offer.opened_at = loop.time()
+        self._board.open(offer)
+
+    async def exchange_round(self, round_: int, deadline_s: float) -> dict[str, Outcome]:
+        """Exchange with every partner of the open round ``round_``; see the module doc."""
+        board, client = self._board, self._client
+        if board is None or client is None or board.offer is None or board.offer.round != round_:
+            raise ValueError(f"round {round_} is not open (open_round first)")
+        offer = board.offer
+        dialed = {
+            p: asyncio.ensure_future(client.dial(offer, p, deadline_s))
+            for p in offer.partners
+            if dials(self.me.peer_id, p)
+        }
+        waits: list[asyncio.Future[Outcome]] = list(dialed.values())
+        waits += [f for p, f in offer.outcomes.items() if p not in dialed]
+        try:
+            if waits:
+                await asyncio.wait(waits, timeout=deadline_s)
+        finally:
+            board.close(offer)  # late callers are refused; running accepts stop
+            running: list[asyncio.Future[Any]] = [*dialed.values(), *offer.tasks]
+            for fut in running:
+                fut.cancel()  # accepts were cancelled by close(); this is idempotent
+            await asyncio.gather(*running, return_exceptions=True)
+        outcomes: dict[str, Outcome] = {}
+        for peer in offer.partners:
+            dial = dialed.get(peer)
+            if dial is None:
+                outcomes[peer] = offer.outcomes[peer].result()
+            elif dial.cancelled():
+                outcomes[peer] = ExchangeFailure(
+                    peer, "deadline", f"no result in {deadline_s} s", "dial"
+                )
+            else:
+                outcomes[peer] = dial.result()
+        for out in outcomes.values():
+            if isinstance(out, ExchangeFailure):
+                self.stats.failures[out.reason] += 1
+            else:
+                self.stats.exchanges_ok += 1
+        return outcomes
+
+    # -- handlers ----------------------------------------------------------------------
+
+    async def _exchange(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
+        assert self._board is not None
+        try:
+            raw = await asyncio.wait_for(context.read(), self.config.accept_wait_s)
+            header = _exchange_header(raw)
+            check_static(self.config, self.me, header.token, header.run_id, header.fingerprint)
+            offer = await self._board.claim(header.round, header.sender, self.config.accept_wait_s)
+        except Refusal as refusal:
+            await self._refuse(context, refusal)
+            return
+        except asyncio.TimeoutError:
+            await self._refuse(context, Refusal("timeout", "no header"))
+            return
+        sender = header.sender
+        work = asyncio.ensure_future(self._accept(offer, header, context))
+        offer.tasks.add(work)
+        try:
+            await asyncio.wait({work})
+        except asyncio.CancelledError:  # the caller went away, or the server stops
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            offer.resolve(sender, ExchangeFailure(sender, "cancelled", "call cancelled", "accept"))
+            raise
+        if work.cancelled():
+            await self._refuse(context, Refusal("timeout", f"round {offer.round} closed here"))
+            return
+        exc = work.exception()
+        if isinstance(exc, Refusal):
+            offer.resolve(
+                sender, ExchangeFailure(sender, f"rejected:{exc.reason}", exc.detail, "accept")
+            )
+            await self._refuse(context, exc)
+        elif isinstance(exc, grpc.aio.AbortError | grpc.aio.AioRpcError | grpc.aio.UsageError):
+            offer.resolve(sender, ExchangeFailure(sender, "peer-gone", str(exc), "accept"))
+        elif exc is not None:
+            offer.resolve(sender, ExchangeFailure(sender, "error", repr(exc), "accept"))
+            raise exc
+        else:
+            offer.resolve(sender, work.result())
+
+    async def _accept(
+        self, offer: RoundOffer, header: pb.ExchangeHeader, context: grpc.aio.ServicerContext
+    ) -> ExchangeResult:
+        assert self._executor is not None
+        loop = asyncio.get_running_loop()
+        codec = check_payload(self.config, header, offer.message.numel, offer.roster_digest)
+        t_header = loop.time()
+        out = offer.take_buffer()
+        receiver = Receiver(
+            codec,
+            out,
+            header.chunk_bytes,
+            self._executor,
+            self.config.pipeline_chunks,
+            reference=offer.theta,
+            max_distance=offer.max_distance(self.config.norm_bound),
+        )
+        done: list[float] = []
+
+        async def receive() -> int:
+            await receive_data(context.read, receiver)
+            done.append(loop.time())
+            await expect_end(context.read)
+            return receiver.received
+
+        reply = exchange_header(self.me, self.config, offer)
+        send = send_stream(context.write, reply, offer.message, self.config.pipeline_chunks)
+        try:
+            sent, received = await run_duplex(send, receive())
+        except BaseException:
+            await receiver.close()
+            offer.buffers.append(out)
+            raise
+        self.stats.bytes_sent += sent
+        self.stats.bytes_received += received
+        return ExchangeResult(
+            peer=header.sender,
+            theta=out,
+            codec=codec.name,
+            role="accept",
+            bytes_sent=sent,
+            bytes_received=received,
+            wait_s=max(0.0, t_header - offer.opened_at),
+            transfer_s=done[0] - t_header,
+        )
+
+    async def _get_state(self, request: bytes, context: grpc.aio.ServicerContext) -> None:
+        assert self._executor is not None
+        try:
+            try:
+                req = pb.StateRequest.FromString(request)
+            except DecodeError as exc:
+                raise Refusal("malformed", f"not a StateRequest: {exc}") from None
+            check_static(self.config, self.me, req.token, req.run_id, req.fingerprint)
+            if self._state_provider is None:
+                raise Refusal("no-state", "this peer has no state to give yet")
+        except Refusal as refusal:
+            await self._refuse(context, refusal)
+            return
+        state = self._state_provider()
+        if inspect.isawaitable(state):
+            state = await state
+        sent = await send_state(context.write, state, self.me, self.config, self._executor)
+        self.stats.bytes_sent += sent
+
+    async def _status(self, request: bytes, context: grpc.aio.ServicerContext) -> pb.StatusReply:
+        try:
+            try:
+                req = pb.StatusRequest.FromString(request)
+            except DecodeError as exc:
+                raise Refusal("malformed", f"not a StatusRequest: {exc}") from None
+            check_static(self.config, self.me, req.token, req.run_id, self.me.fingerprint)
+        except Refusal as refusal:
+            await self._refuse(context, refusal)
+            raise AssertionError("unreachable: abort raises") from None
+        fields = self._status_provider() if self._status_provider is not None else {}
+        latest = self._board.latest_round if self._board is not None else None
+        return pb.StatusReply(
+            peer_id=self.me.peer_id,
+            run_id=self.me.run_id,
+            round=latest if latest is not None else 0,
+            version=gaslocd.__version__,
+            fields={str(k): str(v) for k, v in fields.items()},
+        )
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, refusal: Refusal) -> None:
+        self.stats.rejected[refusal.reason] += 1
+        log.info("refused a call: %s", refusal)
+        await context.abort(refusal.code, refusal.status_details)
+
+
+def _exchange_header(raw: object) -> pb.ExchangeHeader:
+    if not isinstance(raw, bytes):
+        raise Refusal("truncated", "the stream ended before its header")
+    try:
+        parsed = parse_chunk(raw)
+    except MalformedMessage as exc:
+        raise Refusal("malformed", str(exc)) from None
+    if parsed.header is None:
+        raise Refusal("unexpected-message", f"a {parsed.kind} where a header was expected")
+    return parsed.header
