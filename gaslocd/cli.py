@@ -1,0 +1,395 @@
+"""The ``gaslocd`` command (also ``python -m gaslocd``).
+
+Settings resolve as flag > ``GASLOCD_<NAME>`` environment variable > ``--config FILE.toml``
+> built-in default, here and only here: nothing below this layer reads the environment.
+A wrong value exits with status 2 and one readable line, before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from gaslocd import __version__
+from gaslocd.config import (
+    ALGOS,
+    CODECS,
+    TOPOLOGIES,
+    AlgoConfig,
+    OuterConfig,
+    SimConfig,
+    Straggler,
+    TrainConfig,
+)
+
+log = logging.getLogger("gaslocd")
+
+EXIT_USAGE = 2
+
+# Defaults that depend on --algo when the user did not set them (DiLoCo's published outer
+# settings; DAdam is H = 1 by definition).
+_ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gasloc": {},
+    "diloco": {"topology": "complete"},
+    "dadam": {"inner_steps": 1},
+    "local-dadam": {},
+}
+
+
+class _Settings:
+    """Lookup of a setting's default: environment, then config file, then built-in."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def __call__(self, dest: str, fallback: Any) -> Any:
+        env = os.environ.get(f"GASLOCD_{dest.upper()}")
+        if env is not None:
+            return env  # argparse applies the option's type to string defaults
+        if dest in self.config:
+            return self.config[dest]
+        return fallback
+
+
+def _load_config_file(argv: Sequence[str]) -> dict[str, Any]:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path)
+    known, _ = pre.parse_known_args(argv)
+    path = known.config or (
+        Path(os.environ["GASLOCD_CONFIG"]) if "GASLOCD_CONFIG" in os.environ else None
+    )
+    if path is None:
+        return {}
+    try:
+        with path.open("rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ValueError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+    return {key.replace("-", "_"): value for key, value in raw.items()}
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _add_training_flags(p: argparse.ArgumentParser, d: _Settings) -> None:
+    g = p.add_argument_group("training (the inner loop)")
+    g.add_argument(
+        "--model",
+        default=d("model", "tiny"),
+        help="model config (tiny, small, 134m, 551m) or a factory 'pkg.module:function' "
+        "returning an nn.Module whose forward(tokens, targets) gives (logits, loss)",
+    )
+    g.add_argument(
+        "--data",
+        default=d("data", None),
+        help="text file, folder of text files, or uint16 .bin shards; "
+        "default: the Python standard library's own sources (no download)",
+    )
+    g.add_argument(
+        "--seq-len", type=_positive_int, default=d("seq_len", 128), help="tokens per sequence"
+    )
+    g.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=d("batch_size", 16),
+        help="sequences per inner step",
+    )
+    g.add_argument(
+        "--inner-lr", type=float, default=d("inner_lr", 1e-3), help="AdamW learning rate (β)"
+    )
+    g.add_argument(
+        "--weight-decay", type=float, default=d("weight_decay", 0.1), help="AdamW weight decay"
+    )
+    g.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=d("warmup_steps", 50),
+        help="linear LR warm-up, in inner steps",
+    )
+    g.add_argument(
+        "--eval-batches",
+        type=_positive_int,
+        default=d("eval_batches", 8),
+        help="held-out batches per validation loss",
+    )
+    g.add_argument(
+        "--seed", type=int, default=d("seed", 0), help="seed of init, data streams and pairings"
+    )
+    g.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=d("threads", 1),
+        help="torch intra-op threads (tiny models step fastest on one; raise for big ones)",
+    )
+
+
+def _add_algo_flags(p: argparse.ArgumentParser, d: _Settings) -> None:
+    g = p.add_argument_group("algorithm (the outer loop)")
+    g.add_argument(
+        "--algo",
+        choices=ALGOS,
+        default=d("algo", "gasloc"),
+        help="gasloc; diloco (= complete graph); dadam / local-dadam (η=1, μ=0 gossip)",
+    )
+    g.add_argument(
+        "--topology",
+        choices=TOPOLOGIES,
+        default=d("topology", None),
+        help="1peer: random pairs; 2peer: random ring; ring/exp/complete: baselines "
+        "(default: 1peer, complete for diloco)",
+    )
+    g.add_argument(
+        "--inner-steps",
+        type=_positive_int,
+        default=d("inner_steps", None),
+        help="H, local steps per round (H_base when adapting; default 30, 1 for dadam)",
+    )
+    g.add_argument(
+        "--outer-lr",
+        type=float,
+        default=d("outer_lr", None),
+        help="outer learning rate η (default 0.7; 1 for dadam)",
+    )
+    g.add_argument(
+        "--outer-momentum",
+        type=float,
+        default=d("outer_momentum", None),
+        help="outer Nesterov momentum μ (default 0.9; 0 for dadam)",
+    )
+
+
+def _algo_config(ns: argparse.Namespace, adapt_h: bool) -> AlgoConfig:
+    implied = _ALGO_DEFAULTS[ns.algo]
+    topology = ns.topology or implied.get("topology", "1peer")
+    inner_steps = ns.inner_steps or implied.get("inner_steps", 30)
+    algo = AlgoConfig(algo=ns.algo, topology=topology, inner_steps=inner_steps, adapt_h=adapt_h)
+    if ns.algo in ("dadam", "local-dadam"):
+        if ns.outer_lr is not None or ns.outer_momentum is not None:
+            raise ValueError(f"{ns.algo} is gossip with η=1, μ=0; use --algo gasloc to set them")
+        return algo
+    outer = OuterConfig(
+        lr=0.7 if ns.outer_lr is None else ns.outer_lr,
+        momentum=0.9 if ns.outer_momentum is None else ns.outer_momentum,
+    )
+    return AlgoConfig(
+        algo=algo.algo, topology=topology, inner_steps=inner_steps, outer=outer, adapt_h=adapt_h
+    )
+
+
+def _train_config(ns: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        model=ns.model,
+        data=ns.data,
+        seq_len=ns.seq_len,
+        batch_size=ns.batch_size,
+        inner_lr=ns.inner_lr,
+        weight_decay=ns.weight_decay,
+        warmup_steps=ns.warmup_steps,
+        eval_batches=ns.eval_batches,
+        seed=ns.seed,
+    )
+
+
+# -- simulate -------------------------------------------------------------------------
+
+
+def _add_simulate(sub: argparse._SubParsersAction, d: _Settings) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="N workers in one process, a simulated network and clock (for research)",
+        description="Train N workers in one process with the daemon's algorithm over an "
+        "in-memory wire; a simulated clock turns step time, bandwidth and latency into "
+        "wall-clock, so algorithms and topologies compare on time-to-loss.",
+    )
+    p.add_argument(
+        "--workers", type=_positive_int, default=d("workers", 8), help="number of workers N"
+    )
+    p.add_argument("--rounds", type=_positive_int, default=d("rounds", 20), help="outer rounds")
+    _add_algo_flags(p, d)
+    _add_training_flags(p, d)
+    g = p.add_argument_group("simulated network")
+    g.add_argument("--codec", choices=CODECS, default=d("codec", "fp32"), help="wire encoding of θ̃")
+    g.add_argument(
+        "--adapt-h",
+        action="store_true",
+        default=bool(d("adapt_h", False)),
+        help="choose H per worker and round from step time and this round's links",
+    )
+    g.add_argument(
+        "--bandwidth",
+        type=float,
+        default=d("bandwidth", 1000.0),
+        metavar="MBPS",
+        help="each worker's access link, megabits per second",
+    )
+    g.add_argument(
+        "--latency",
+        type=float,
+        default=d("latency", 10.0),
+        metavar="MS",
+        help="one-way latency, ms",
+    )
+    g.add_argument(
+        "--step-time",
+        type=float,
+        default=d("step_time", None),
+        metavar="S",
+        help="seconds per inner step on the simulated clock (default: measured here)",
+    )
+    g.add_argument(
+        "--message-bytes",
+        type=int,
+        default=d("message_bytes", None),
+        help="bytes per message on the simulated clock (default: the encoded model), "
+        "to time a bigger model's exchange",
+    )
+    g.add_argument(
+        "--straggler",
+        action="append",
+        default=[],
+        metavar="I:FRACTION",
+        help="worker I gets FRACTION of the bandwidth (repeatable), e.g. 0:0.1",
+    )
+    g.add_argument(
+        "--eval-every",
+        type=_positive_int,
+        default=d("eval_every", 1),
+        help="rounds between validations",
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=d("json", None),
+        metavar="FILE",
+        help="write a JSON summary here",
+    )
+    p.set_defaults(run=_run_simulate)
+
+
+def _fmt_steps(steps: Sequence[int]) -> str:
+    lo, hi = min(steps), max(steps)
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def _run_simulate(ns: argparse.Namespace) -> int:
+    import torch
+
+    from gaslocd.sim.runner import RoundRecord, Simulation
+    from gaslocd.sim.summary import simulation_summary, write_json
+
+    torch.set_num_threads(ns.threads)
+    algo = _algo_config(ns, ns.adapt_h)
+    train = _train_config(ns)
+    sim = SimConfig(
+        workers=ns.workers,
+        rounds=ns.rounds,
+        codec=ns.codec,
+        bandwidth_mbps=ns.bandwidth,
+        latency_ms=ns.latency,
+        step_time_s=ns.step_time,
+        stragglers=tuple(Straggler.parse(s) for s in ns.straggler),
+        eval_every=ns.eval_every,
+        message_bytes=ns.message_bytes,
+    )
+    simulation = Simulation(algo, train, sim)
+    resolved = simulation.algo
+    adaptive = " adaptive" if resolved.adapt_h else ""
+    print(
+        f"simulate: {sim.workers} workers, {resolved.algo}/{resolved.topology}, "
+        f"H={resolved.inner_steps}{adaptive}, η={resolved.outer.lr} μ={resolved.outer.momentum}, "
+        f"model {train.model} ({simulation.workers[0].flat.numel:,} params), codec {sim.codec}, "
+        f"corpus {simulation.corpus.source}",
+        flush=True,
+    )
+
+    def progress(r: RoundRecord) -> None:
+        val = f"{r.val_loss:.4f}" if r.val_loss is not None else "   -  "
+        failed = f"  failed {r.exchange_failures}" if r.exchange_failures else ""
+        print(
+            f"round {r.round:4d}/{sim.rounds}  H {_fmt_steps(r.inner_steps):>7}  "
+            f"train {r.train_loss:.4f}  val {val}  consensus {r.consensus:.2e}  "
+            f"clock {r.wall_clock_s:9.1f}s  idle {100 * r.idle_fraction:5.1f}%{failed}",
+            flush=True,
+        )
+
+    result = simulation.run(progress)
+    print(
+        f"done: val loss {result.initial_val_loss:.4f} -> {result.final_val_loss:.4f}, "
+        f"simulated {result.wall_clock_s:.1f}s (real {result.real_elapsed_s:.1f}s), "
+        f"idle {100 * result.idle_fraction:.1f}%, "
+        f"sent {max(result.bytes_sent_per_worker) / 2**20:.1f} MiB per worker (max)",
+        flush=True,
+    )
+    if ns.json is not None:
+        args = {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(ns).items() if k != "run"
+        }
+        args["resolved"] = {
+            "topology": resolved.topology,
+            "inner_steps": resolved.inner_steps,
+            "outer_lr": resolved.outer.lr,
+            "outer_momentum": resolved.outer.momentum,
+        }
+        write_json(ns.json, simulation_summary(result, args))
+        print(f"summary written to {ns.json}")
+    return 0
+
+
+# -- entry point ----------------------------------------------------------------------
+
+_COMMANDS: list[Callable[[argparse._SubParsersAction, _Settings], None]] = [_add_simulate]
+
+
+def build_parser(config: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    settings = _Settings(config or {})
+    parser = argparse.ArgumentParser(
+        prog="gaslocd",
+        description="Decentralized LLM pretraining with GASLoC: local steps, random gossip "
+        "with one or two peers per round, an outer Nesterov optimizer.",
+    )
+    parser.add_argument("--version", action="version", version=f"gaslocd {__version__}")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE.toml",
+        help="read settings from a TOML file (keys are the long flag names)",
+    )
+    parser.add_argument("--log-level", default=settings("log_level", "INFO"), help="logging level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in _COMMANDS:
+        add(sub, settings)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser(_load_config_file(args))
+    except ValueError as exc:
+        print(f"gaslocd: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    ns = parser.parse_args(args)
+    logging.basicConfig(
+        level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(ns.run(ns))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"gaslocd: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("gaslocd: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,85 @@
+"""The machine-readable summary of a run (``--json FILE``), shared by simulate and demo.
+
+One schema for both so that a simulated run and a real one plot with the same script:
+``final_val_loss``, ``val_loss_curve`` ([{round, wall_clock_s, val_loss}]),
+``consensus_curve`` ([{round, consensus}]), ``wall_clock_s``, ``bytes_sent_per_worker``,
+``idle_fraction``, and ``args`` (everything needed to rerun it), plus extras.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from gaslocd.sim.runner import SimResult
+
+SCHEMA_VERSION = 1
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/inf; null says "not measured"
+    return value
+
+
+def simulation_summary(result: SimResult, args: dict[str, Any]) -> dict[str, Any]:
+    """The summary dict of a simulated run."""
+    val_curve = [{"round": 0, "wall_clock_s": 0.0, "val_loss": result.initial_val_loss}]
+    val_curve += [
+        {"round": r.round, "wall_clock_s": r.wall_clock_s, "val_loss": r.val_loss}
+        for r in result.records
+        if r.val_loss is not None
+    ]
+    return _plain(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "simulate",
+            "final_val_loss": result.final_val_loss,
+            "val_loss_curve": val_curve,
+            "consensus_curve": [
+                {"round": r.round, "consensus": r.consensus} for r in result.records
+            ],
+            "train_loss_curve": [
+                {"round": r.round, "train_loss": r.train_loss} for r in result.records
+            ],
+            "inner_steps_curve": [
+                {"round": r.round, "inner_steps": list(r.inner_steps)} for r in result.records
+            ],
+            "wall_clock_s": result.wall_clock_s,
+            "wall_clock_kind": "simulated",
+            "bytes_sent_per_worker": result.bytes_sent_per_worker,
+            "idle_fraction": result.idle_fraction,
+            "idle_fraction_per_worker": result.idle_fraction_per_worker,
+            "exchange_failures": sum(r.exchange_failures for r in result.records),
+            "step_time_s": result.step_time_s,
+            "message_bytes": result.message_bytes,
+            "tokens_per_worker": result.tokens_per_worker,
+            "real_elapsed_s": result.real_elapsed_s,
+            "args": args,
+        }
+    )
+
+
+def write_json(path: Path, summary: dict[str, Any]) -> None:
+    """Write atomically, so a reader (a plotting script, a test) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(summary, fh, indent=1, allow_nan=False)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
