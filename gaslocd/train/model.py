@@ -24,7 +24,7 @@ data is smaller than 134M.
 
 Initialisation draws from a local ``torch.Generator`` on CPU (then moves to the device), so
 building a model never touches the global RNG and a seed gives the same weights on every
-machine and device.
+machine and device. The linear and embedding layers skip torch's own init for that reason.
 """
 
 from __future__ import annotations
@@ -90,6 +90,24 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
 }
 
 
+class _Linear(nn.Linear):
+    """``nn.Linear`` that skips its own init: :meth:`Llama.init_weights` fills it.
+
+    The stock init draws from the global RNG (which building a model must not touch) and
+    would be a wasted pass over every weight of the large configs.
+    """
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class _Embedding(nn.Embedding):
+    """``nn.Embedding`` that skips its own init, for the same reasons as :class:`_Linear`."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm with a learned gain (no mean subtraction, no bias)."""
 
@@ -106,10 +124,17 @@ class RMSNorm(nn.Module):
         return xf.type_as(x) * self.weight
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotation angles, each (max_seq_len, head_dim // 2)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+def rope_tables(
+    head_dim: int, max_seq_len: int, theta: float, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotation angles, each (max_seq_len, head_dim // 2), in float32.
+
+    Computed in float64: angles reach max_seq_len radians, where float32 loses digits.
+    """
+    arange = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device)
+    inv_freq = 1.0 / theta ** (arange / head_dim)
+    positions = torch.arange(max_seq_len, dtype=torch.float64, device=device)
+    angles = torch.outer(positions, inv_freq)  # (max_seq_len, head_dim // 2)
     return angles.cos().float(), angles.sin().float()
 
 
@@ -135,8 +160,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.head_dim
-        self.wqkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
-        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.wqkv = _Linear(cfg.dim, 3 * cfg.dim, bias=False)
+        self.wo = _Linear(cfg.dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -154,9 +179,9 @@ class SwiGLU(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        self.w1 = _Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w3 = _Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w2 = _Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, C)
@@ -178,21 +203,36 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    """The decoder. ``forward(tokens, targets)`` → (logits (B, T, V), mean CE loss or None)."""
+    """The decoder. ``forward(tokens, targets)`` → (logits (B, T, V), mean CE loss or None).
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    Weights are drawn from a local generator seeded with ``seed``, never the global RNG.
+    Built on the meta device (to count parameters) nothing is drawn.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, seed: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.tok_emb = _Embedding(cfg.vocab_size, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        device = self.tok_emb.weight.device
+        # On meta (counting parameters) compute on CPU and keep only the shapes: arange on
+        # meta pulls in torch._dynamo, a one-off cost of over a second.
+        cos, sin = rope_tables(
+            cfg.head_dim,
+            cfg.max_seq_len,
+            cfg.rope_theta,
+            "cpu" if device.type == "meta" else device,
+        )
+        cos, sin = cos.to(device), sin.to(device)
         # Not persistent: derived from the config, so they are neither checkpointed nor
         # part of the flat parameter vector that crosses the wire.
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.rope_cos: torch.Tensor
         self.rope_sin: torch.Tensor
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        if device.type != "meta":
+            self.init_weights(torch.Generator(device=device).manual_seed(seed))
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:
@@ -200,7 +240,8 @@ class Llama(nn.Module):
 
         The scaled residual projections keep the residual stream's variance from growing
         with depth at init. Draws only from ``generator`` (which must live on the same
-        device as the parameters).
+        device as the parameters; :func:`build_model` initialises on CPU, so a seed gives
+        the same weights whatever the device).
         """
         std = 0.02
         for name, p in self.named_parameters():
@@ -210,9 +251,6 @@ class Llama(nn.Module):
                 p.normal_(0.0, std / math.sqrt(2 * self.cfg.n_layers), generator=generator)
             else:
                 p.normal_(0.0, std, generator=generator)
-        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
 
     def forward(
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None
@@ -287,12 +325,7 @@ def build_model(
             model = _call_factory(spec, vocab_size, seq_len)
         return model.to(device)
     cfg = model_config(spec, vocab_size=vocab_size, seq_len=seq_len)
-    # Allocate without initialising (meta → empty), then fill once from a local generator
-    # on CPU: nn.Linear's own init would draw from the global RNG and cost a second pass.
-    with torch.device("meta"):
-        llama = Llama(cfg)
-    llama.to_empty(device="cpu")
-    llama.init_weights(torch.Generator(device="cpu").manual_seed(seed))
+    llama = Llama(cfg, seed=seed)  # on CPU: the same weights for a seed on every device
     log.debug("built %s: %s, %d parameters", spec, cfg, sum(p.numel() for p in llama.parameters()))
     return llama.to(device)
 
