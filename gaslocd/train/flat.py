@@ -99,7 +99,9 @@ def model_fingerprint(model: nn.Module, spec: str) -> str:
 
     Peers compare fingerprints before exchanging θ: equal fingerprints mean the flat
     vectors have the same layout. Values are left out on purpose (they change every step);
-    so is anything process-specific, so identical models agree across machines.
+    so is anything process-specific, so identical models agree across machines. Compute
+    it after :class:`FlatParameters` (which makes every parameter float32), as every peer
+    does, so a lower-precision factory model fingerprints the same everywhere.
     """
     h = hashlib.sha256()
     h.update(f"gaslocd-model-v1\0{spec}\0".encode())

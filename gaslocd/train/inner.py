@@ -101,6 +101,8 @@ class InnerTrainer:
         _, loss = self.model(x, y)
         if loss is None:
             raise TypeError("model returned no loss although targets were given")
+        # .item() waits for the device each step; that is the price of refusing a bad loss
+        # before anything is applied, and is small next to a step of a real model.
         value = loss.item()
         if not math.isfinite(value):
             raise NonFiniteLossError(f"loss is {value} at inner step {self.steps_done}")
