@@ -159,14 +159,13 @@ def _host_maddr(host: str, port: int) -> str:
 
 def parse_bootstrap(address: str) -> str:
     """Check one ``--bootstrap`` multiaddr; ``ValueError`` with a message a volunteer can act on."""
-    hint = (
-        "expected a multiaddr such as /ip4/203.0.113.5/tcp/31337/p2p/12D3KooW... "
-        "(printed by `gaslocd start`)"
-    )
     try:
         PeerID.from_base58(Multiaddr(address)["p2p"])
     except Exception as error:  # the multiaddr library raises several unrelated types
-        raise ValueError(f"bad bootstrap address {address!r}: {error}; {hint}") from None
+        raise ValueError(
+            f"bad bootstrap address {address!r}: {error}; expected a multiaddr such as "
+            "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooW... (printed by `gaslocd start`)"
+        ) from None
     return address
 
 
@@ -267,11 +266,8 @@ class Discovery:
         self._initial_peers = [parse_bootstrap(address) for address in initial_peers]
         self._host_maddrs = [_host_maddr(host, dht_port)]
         self._announce = None if announce_host is None else [_host_maddr(announce_host, dht_port)]
-        self._ttl_s, self._timeout_s, self._start_timeout_s = (
-            record_ttl_s,
-            request_timeout_s,
-            start_timeout_s,
-        )
+        self._ttl_s, self._timeout_s = record_ttl_s, request_timeout_s
+        self._start_timeout_s = start_timeout_s
         self._dht: DHT | None = None
         self._subkey = b""
         self._peer_id = ""
