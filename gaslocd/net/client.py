@@ -26,9 +26,17 @@ from gaslocd.net.proto import peer_pb2 as pb
 from gaslocd.net.rendezvous import ExchangeFailure, ExchangeResult, Outcome, RoundOffer
 from gaslocd.net.security import channel_credentials, channel_options
 from gaslocd.net.state import PeerState, receive_state
-from gaslocd.net.stream import Receiver, expect_end, receive_data, run_duplex, send_message
+from gaslocd.net.stream import (
+    Receiver,
+    expect_end,
+    receive_data,
+    refused_by,
+    run_duplex,
+    send_message,
+)
 from gaslocd.net.validation import (
     Identity,
+    PeerRefused,
     Refusal,
     WireStats,
     check_payload,
@@ -52,6 +60,10 @@ def failure_from_rpc(
         label = f"refused:{reason}"
     elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
         label = "deadline"
+    elif code == grpc.StatusCode.INTERNAL and err.details() == "Internal error from Core":
+        # grpc.aio's label when the stream broke under a pending write (grpc/grpc#36066):
+        # in practice the peer died or reset the connection mid-stream.
+        label = "stream-broken"
     else:
         label = code.name.lower() if code is not None else "rpc-error"
     return ExchangeFailure(peer, label, err.details() or "", role, elapsed_s)
@@ -130,6 +142,8 @@ class PeerClient:
             timing["done"] = loop.time()
             try:  # the acceptor's verdict on *our* data: it ends the call after checking it
                 await expect_end(call.read)
+            except PeerRefused as refused:
+                return receiver.received, refused.reason
             except grpc.aio.AioRpcError as err:
                 return receiver.received, reason_from_details(err.details())
             return receiver.received, None
@@ -145,6 +159,10 @@ class PeerClient:
                 refusal_exc.detail,
                 "dial",
                 loop.time() - start,
+            )
+        except PeerRefused as refused:
+            return ExchangeFailure(
+                peer, f"refused:{refused.reason}", refused.detail, "dial", loop.time() - start
             )
         except grpc.aio.AioRpcError as err:
             return failure_from_rpc(peer, err, "dial", loop.time() - start)
@@ -176,6 +194,8 @@ class PeerClient:
             parsed = parse_chunk(first)
         except MalformedMessage as exc:
             raise Refusal("malformed", str(exc)) from None
+        if parsed.refusal is not None:
+            raise refused_by(parsed.refusal)
         h = parsed.header
         if h is None:
             raise Refusal("unexpected-message", f"a {parsed.kind} where a header was expected")

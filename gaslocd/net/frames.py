@@ -31,17 +31,20 @@ class MalformedMessage(ValueError):
 
 @dataclass(frozen=True)
 class Parsed:
-    """One parsed message: exactly one of ``data``/``header``/``state_header`` is set."""
+    """One parsed message: exactly one field is set."""
 
     data: memoryview | None = None
     header: pb.ExchangeHeader | None = None
     state_header: pb.StateHeader | None = None
+    refusal: pb.Refusal | None = None
 
     @property
     def kind(self) -> str:
         if self.data is not None:
             return "data"
-        return "header" if self.header is not None else "state_header"
+        if self.header is not None:
+            return "header"
+        return "state_header" if self.state_header is not None else "refusal"
 
 
 def _varint(n: int) -> bytes:
@@ -72,6 +75,10 @@ def frame_header(header: pb.ExchangeHeader) -> bytes:
 
 def frame_state_header(header: pb.StateHeader) -> bytes:
     return pb.Chunk(state_header=header).SerializeToString()
+
+
+def frame_refusal(code: int, reason: str, detail: str) -> bytes:
+    return pb.Chunk(refusal=pb.Refusal(code=code, reason=reason, detail=detail)).SerializeToString()
 
 
 def _fast_data(raw: bytes) -> memoryview | None:
@@ -109,4 +116,6 @@ def parse_chunk(raw: bytes) -> Parsed:
         return Parsed(header=chunk.header)
     if which == "state_header":
         return Parsed(state_header=chunk.state_header)
+    if which == "refusal":
+        return Parsed(refusal=chunk.refusal)
     raise MalformedMessage("empty Chunk message (no header and no data)")

@@ -27,6 +27,7 @@ changed. θ̃ must not be changed between ``open_round`` and the end of ``exchan
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -41,7 +42,7 @@ import gaslocd
 from gaslocd.config import WireConfig
 from gaslocd.net.client import SERVICE, PeerClient, exchange_header
 from gaslocd.net.codecs import ErrorFeedback, get_codec
-from gaslocd.net.frames import MalformedMessage, parse_chunk
+from gaslocd.net.frames import MalformedMessage, frame_refusal, parse_chunk
 from gaslocd.net.proto import peer_pb2 as pb
 from gaslocd.net.rendezvous import (
     ExchangeFailure,
@@ -223,10 +224,10 @@ class ExchangeServer:
             check_static(self.config, self.me, header.token, header.run_id, header.fingerprint)
             offer = await self._board.claim(header.round, header.sender, self.config.accept_wait_s)
         except Refusal as refusal:
-            await self._refuse(context, refusal)
+            await self._refuse(context, refusal, in_band=True)
             return
         except asyncio.TimeoutError:
-            await self._refuse(context, Refusal("timeout", "no header"))
+            await self._refuse(context, Refusal("timeout", "no header"), in_band=True)
             return
         sender = header.sender
         work = asyncio.ensure_future(self._accept(offer, header, context))
@@ -239,14 +240,16 @@ class ExchangeServer:
             offer.resolve(sender, ExchangeFailure(sender, "cancelled", "call cancelled", "accept"))
             raise
         if work.cancelled():
-            await self._refuse(context, Refusal("timeout", f"round {offer.round} closed here"))
+            await self._refuse(
+                context, Refusal("timeout", f"round {offer.round} closed here"), in_band=True
+            )
             return
         exc = work.exception()
         if isinstance(exc, Refusal):
             offer.resolve(
                 sender, ExchangeFailure(sender, f"rejected:{exc.reason}", exc.detail, "accept")
             )
-            await self._refuse(context, exc)
+            await self._refuse(context, exc, in_band=True)
         elif isinstance(exc, grpc.aio.AbortError | grpc.aio.AioRpcError | grpc.aio.UsageError):
             offer.resolve(sender, ExchangeFailure(sender, "peer-gone", str(exc), "accept"))
         elif exc is not None:
@@ -340,9 +343,18 @@ class ExchangeServer:
             fields={str(k): str(v) for k, v in fields.items()},
         )
 
-    async def _refuse(self, context: grpc.aio.ServicerContext, refusal: Refusal) -> None:
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext, refusal: Refusal, in_band: bool = False
+    ) -> None:
+        """Count, tell the caller (in band too on Exchange, see ``Refusal`` in the .proto), end."""
         self.stats.rejected[refusal.reason] += 1
         log.info("refused a call: %s", refusal)
+        if in_band:
+            # Nothing else of ours is writing on this call any more (run_duplex has
+            # finished), so this write cannot interleave with a data chunk.
+            with contextlib.suppress(Exception):
+                code = refusal.code.value[0]
+                await context.write(frame_refusal(code, refusal.reason, refusal.detail))
         await context.abort(refusal.code, refusal.status_details)
 
 

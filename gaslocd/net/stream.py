@@ -35,7 +35,8 @@ import torch
 
 from gaslocd.net.codecs import Codec, ErrorFeedback, chunk_spans
 from gaslocd.net.frames import MalformedMessage, frame_data, parse_chunk
-from gaslocd.net.validation import Refusal
+from gaslocd.net.proto import peer_pb2 as pb
+from gaslocd.net.validation import PeerRefused, Refusal, reason_from_details
 
 Write = Callable[[bytes], Awaitable[None]]
 Read = Callable[[], Awaitable[object]]
@@ -237,9 +238,11 @@ async def receive_data(read: Read, receiver: Receiver) -> torch.Tensor:
 
 
 async def expect_end(read: Read) -> None:
-    """After the declared bytes, the sender must close its side: anything else is refused."""
+    """After the declared bytes, the sender must close its side: anything else is refused
+    (except the peer's own refusal of our data, raised as :class:`PeerRefused`)."""
     raw = await read()
     if raw is not grpc.aio.EOF:
+        _data_of(raw)  # raises PeerRefused for a refusal, Refusal for junk
         raise Refusal("oversize", "data after the declared size")
 
 
@@ -250,9 +253,17 @@ def _data_of(raw: object) -> memoryview:
         parsed = parse_chunk(raw)
     except MalformedMessage as exc:
         raise Refusal("malformed", str(exc)) from None
+    if parsed.refusal is not None:
+        raise refused_by(parsed.refusal)
     if parsed.data is None:
         raise Refusal("unexpected-message", f"a {parsed.kind} where data was expected")
     return parsed.data
+
+
+def refused_by(refusal: pb.Refusal) -> PeerRefused:
+    """The peer's in-band refusal as an exception (an unknown reason becomes "other")."""
+    reason = reason_from_details(refusal.reason)
+    return PeerRefused(reason, refusal.detail[:200])
 
 
 async def run_duplex(send: Awaitable[int], receive: Awaitable[_T]) -> tuple[int, _T]:

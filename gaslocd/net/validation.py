@@ -74,6 +74,15 @@ class Refusal(Exception):
         return str(self)
 
 
+class PeerRefused(Exception):
+    """The other side refused what we sent (an in-band ``Refusal`` or its status)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
 def reason_from_details(details: str | None) -> str:
     """The reason a peer gave in its status details (``"other"`` if it gave none we know)."""
     head = (details or "").split(":", 1)[0].strip()

@@ -7,14 +7,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Chunk(_message.Message):
-    __slots__ = ("header", "data", "state_header")
+    __slots__ = ("header", "data", "state_header", "refusal")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     STATE_HEADER_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
     header: ExchangeHeader
     data: bytes
     state_header: StateHeader
-    def __init__(self, header: _Optional[_Union[ExchangeHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., state_header: _Optional[_Union[StateHeader, _Mapping]] = ...) -> None: ...
+    refusal: Refusal
+    def __init__(self, header: _Optional[_Union[ExchangeHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., state_header: _Optional[_Union[StateHeader, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("code", "reason", "detail")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    reason: str
+    detail: str
+    def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ExchangeHeader(_message.Message):
     __slots__ = ("run_id", "round", "sender", "roster_digest", "fingerprint", "codec", "numel", "encoded_nbytes", "chunk_bytes", "token")
