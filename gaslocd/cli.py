@@ -23,10 +23,12 @@ from gaslocd.config import (
     CODECS,
     TOPOLOGIES,
     AlgoConfig,
+    DaemonConfig,
     OuterConfig,
     SimConfig,
     Straggler,
     TrainConfig,
+    WireConfig,
 )
 
 log = logging.getLogger("gaslocd")
@@ -348,9 +350,325 @@ def _run_simulate(ns: argparse.Namespace) -> int:
     return 0
 
 
+# -- daemons: start / join / status / demo --------------------------------------------
+
+
+def _add_daemon_flags(p: argparse.ArgumentParser, d: _Settings) -> None:
+    g = p.add_argument_group("network")
+    g.add_argument(
+        "--run-id",
+        default=d("run_id", "gaslocd"),
+        help="name of the run; peers of other runs are ignored",
+    )
+    g.add_argument(
+        "--host",
+        default=d("host", "127.0.0.1"),
+        help="address to listen on (gRPC and DHT); 0.0.0.0 for all interfaces",
+    )
+    g.add_argument(
+        "--port", type=int, default=d("port", 7070), help="gRPC port for exchanges (0: a free one)"
+    )
+    g.add_argument(
+        "--dht-port",
+        type=int,
+        default=d("dht_port", 0),
+        help="DHT port (0: a free one; fix it on a bootstrap peer behind a firewall)",
+    )
+    g.add_argument(
+        "--announce",
+        default=d("announce", None),
+        metavar="HOST",
+        help="host that other peers should dial, when it differs from --host (NAT, port mapping)",
+    )
+    g.add_argument(
+        "--token",
+        default=d("token", ""),
+        help="the run's shared join secret (also GASLOCD_TOKEN); every peer must use the same one",
+    )
+    g.add_argument(
+        "--codec",
+        choices=CODECS,
+        default=d("codec", "fp16"),
+        help="wire encoding of θ̃ sent to partners",
+    )
+    g.add_argument(
+        "--tls-cert", default=d("tls_cert", None), help="PEM certificate of this peer (enables TLS)"
+    )
+    g.add_argument("--tls-key", default=d("tls_key", None), help="PEM private key of --tls-cert")
+    g.add_argument(
+        "--tls-ca",
+        default=d("tls_ca", None),
+        help="PEM CA bundle that peers' certificates must chain to",
+    )
+    g.add_argument(
+        "--min-peers",
+        type=_positive_int,
+        default=d("min_peers", 1),
+        help="wait until this many peers (self included) are present before the first round",
+    )
+    g.add_argument(
+        "--exchange-deadline",
+        type=float,
+        default=d("exchange_deadline", None),
+        metavar="S",
+        help="give up on a partner after S seconds (default: twice the expected round time)",
+    )
+    g.add_argument(
+        "--no-adapt-h",
+        action="store_true",
+        default=bool(d("no_adapt_h", False)),
+        help="always take --inner-steps local steps (default: adapt H to speed and links)",
+    )
+    s = p.add_argument_group("state and output")
+    s.add_argument(
+        "--checkpoint-dir", default=d("checkpoint_dir", None), help="where checkpoints are written"
+    )
+    s.add_argument(
+        "--checkpoint-every",
+        type=_positive_int,
+        default=d("checkpoint_every", 10),
+        help="rounds between checkpoints (one is also written on exit)",
+    )
+    s.add_argument(
+        "--resume",
+        action="store_true",
+        default=bool(d("resume", False)),
+        help="continue from the checkpoint in --checkpoint-dir",
+    )
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        default=d("metrics_port", None),
+        help="serve Prometheus metrics on this port (0: a free one)",
+    )
+    s.add_argument(
+        "--address-file",
+        default=d("address_file", None),
+        help="write the bootstrap address(es) of this daemon to this file",
+    )
+    s.add_argument(
+        "--max-rounds",
+        type=int,
+        default=d("max_rounds", 0),
+        help="stop after this round (0: run until stopped)",
+    )
+    s.add_argument(
+        "--eval-every",
+        type=int,
+        default=d("eval_every", 10),
+        help="rounds between validation losses on the held-out split (0: never)",
+    )
+    s.add_argument(
+        "--json",
+        default=d("json", None),
+        metavar="FILE",
+        help="write a JSON summary of this daemon's run on exit",
+    )
+
+
+def _daemon_configs(
+    ns: argparse.Namespace, bootstrap: tuple[str, ...]
+) -> tuple[DaemonConfig, WireConfig]:
+    daemon = DaemonConfig(
+        run_id=ns.run_id,
+        host=ns.host,
+        port=ns.port,
+        dht_port=ns.dht_port,
+        announce=ns.announce,
+        bootstrap=bootstrap,
+        codec=ns.codec,
+        checkpoint_dir=ns.checkpoint_dir,
+        checkpoint_every=ns.checkpoint_every,
+        resume=ns.resume,
+        metrics_port=ns.metrics_port,
+        address_file=ns.address_file,
+        max_rounds=ns.max_rounds,
+        min_peers=ns.min_peers,
+        eval_every=ns.eval_every,
+        exchange_deadline_s=ns.exchange_deadline,
+        summary_json=ns.json,
+        heartbeat_s=ns.heartbeat,
+        record_ttl_s=ns.record_ttl,
+    )
+    wire = WireConfig(token=ns.token, tls_cert=ns.tls_cert, tls_key=ns.tls_key, tls_ca=ns.tls_ca)
+    return daemon, wire
+
+
+def _run_daemon(ns: argparse.Namespace) -> int:
+    import torch
+
+    from gaslocd.daemon.node import EXIT_STARTUP, Daemon, StartupError
+
+    torch.set_num_threads(ns.threads)
+    bootstrap = tuple(ns.bootstrap or ()) if ns.command == "join" else ()
+    daemon_cfg, wire = _daemon_configs(ns, bootstrap)
+    daemon = Daemon(
+        daemon_cfg,
+        _algo_config(ns, not ns.no_adapt_h),
+        _train_config(ns),
+        wire,
+        role=ns.command,
+        progress=lambda line: print(line, flush=True),
+    )
+    try:
+        return daemon.run()
+    except StartupError as exc:
+        print(f"gaslocd: cannot start: {exc}", file=sys.stderr, flush=True)
+        return EXIT_STARTUP
+
+
+def _add_start_join(sub: argparse._SubParsersAction, d: _Settings) -> None:
+    start = sub.add_parser(
+        "start",
+        help="start the first daemon of a run and print its bootstrap address",
+        description="Start a new run: this daemon trains and prints the address that other "
+        "machines pass to 'gaslocd join --bootstrap'.",
+    )
+    join = sub.add_parser(
+        "join",
+        help="join a run through any live peer's bootstrap address",
+        description="Join a run: fetch the current state from a live peer and train with it.",
+    )
+    join.add_argument(
+        "--bootstrap",
+        action="append",
+        default=d("bootstrap", None),
+        metavar="ADDR",
+        help="bootstrap address printed by 'gaslocd start' (any live peer's; repeatable)",
+    )
+    for p in (start, join):
+        _add_algo_flags(p, d)
+        _add_training_flags(p, d)
+        _add_daemon_flags(p, d)
+        p.set_defaults(run=_run_daemon)
+
+
+def _add_status(sub: argparse._SubParsersAction, d: _Settings) -> None:
+    p = sub.add_parser(
+        "status",
+        help="ask a running daemon how it is doing",
+        description="Query a daemon's Status over gRPC and print it.",
+    )
+    p.add_argument(
+        "address",
+        nargs="?",
+        default=d("status_address", "127.0.0.1:7070"),
+        help="the daemon's gRPC host:port (default 127.0.0.1:7070)",
+    )
+    p.add_argument("--run-id", default=d("run_id", "gaslocd"), help="the daemon's run id")
+    p.add_argument(
+        "--token", default=d("token", ""), help="the run's join token (also GASLOCD_TOKEN)"
+    )
+    p.add_argument(
+        "--tls-cert", default=d("tls_cert", None), help="PEM certificate, when the daemon uses TLS"
+    )
+    p.add_argument("--tls-key", default=d("tls_key", None), help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--tls-ca",
+        default=d("tls_ca", None),
+        help="PEM CA bundle the daemon's certificate chains to",
+    )
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(run=_run_status)
+
+
+def _run_status(ns: argparse.Namespace) -> int:
+    from gaslocd.daemon.status import query_status
+
+    wire = WireConfig(token=ns.token, tls_cert=ns.tls_cert, tls_key=ns.tls_key, tls_ca=ns.tls_ca)
+    return query_status(
+        ns.address, run_id=ns.run_id, wire=wire, timeout_s=ns.timeout, as_json=ns.json
+    )
+
+
+def _add_demo(sub: argparse._SubParsersAction, d: _Settings) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="N real daemons on 127.0.0.1 train the tiny model together",
+        description="Start N real daemons (processes with a real DHT and real gRPC) on 127.0.0.1 "
+        "training on a corpus every machine has; relay their progress and summarize.",
+    )
+    p.add_argument(
+        "--workers", type=_positive_int, default=d("workers", 3), help="number of daemons"
+    )
+    p.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=d("rounds", 10),
+        help="outer rounds each daemon runs",
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=d("json", None),
+        metavar="FILE",
+        help="write a JSON summary here",
+    )
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=d("workdir", None),
+        help="keep the daemons' logs, checkpoints and summaries here (default: a temp dir)",
+    )
+    p.add_argument("--codec", choices=CODECS, default=d("codec", "fp16"), help="wire encoding of θ̃")
+    p.add_argument(
+        "--metrics", action="store_true", help="serve each daemon's metrics on a free port"
+    )
+    _add_algo_flags(p, d)
+    _add_training_flags(p, d)
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(ns: argparse.Namespace) -> int:
+    from gaslocd.daemon.demo import run_demo
+
+    forwarded = [
+        "--model",
+        ns.model,
+        "--seq-len",
+        str(ns.seq_len),
+        "--batch-size",
+        str(ns.batch_size),
+        "--inner-lr",
+        str(ns.inner_lr),
+        "--weight-decay",
+        str(ns.weight_decay),
+        "--warmup-steps",
+        str(ns.warmup_steps),
+        "--eval-batches",
+        str(ns.eval_batches),
+        "--seed",
+        str(ns.seed),
+        "--threads",
+        str(ns.threads),
+        "--algo",
+        ns.algo,
+        "--codec",
+        ns.codec,
+    ]
+    for flag, value in (
+        ("--data", ns.data),
+        ("--topology", ns.topology),
+        ("--inner-steps", ns.inner_steps),
+        ("--outer-lr", ns.outer_lr),
+        ("--outer-momentum", ns.outer_momentum),
+    ):
+        if value is not None:
+            forwarded += [flag, str(value)]
+    return run_demo(
+        ns.workers, ns.rounds, forwarded, json_path=ns.json, workdir=ns.workdir, metrics=ns.metrics
+    )
+
+
 # -- entry point ----------------------------------------------------------------------
 
-_COMMANDS: list[Callable[[argparse._SubParsersAction, _Settings], None]] = [_add_simulate]
+_COMMANDS: list[Callable[[argparse._SubParsersAction, _Settings], None]] = [
+    _add_start_join,
+    _add_status,
+    _add_demo,
+    _add_simulate,
+]
 
 
 def build_parser(config: dict[str, Any] | None = None) -> argparse.ArgumentParser:

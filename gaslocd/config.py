@@ -246,7 +246,9 @@ class WireConfig:
         _positive("norm bound", self.norm_bound)
         _positive("accept wait (s)", self.accept_wait_s)
         _check(self.round_lead >= 0, f"round lead must be >= 0, got {self.round_lead}")
-        _check(self.pipeline_chunks >= 1, f"pipeline chunks must be >= 1, got {self.pipeline_chunks}")
+        _check(
+            self.pipeline_chunks >= 1, f"pipeline chunks must be >= 1, got {self.pipeline_chunks}"
+        )
         _positive("keepalive time (s)", self.keepalive_time_s)
         _positive("keepalive timeout (s)", self.keepalive_timeout_s)
         _check(
@@ -267,3 +269,78 @@ class WireConfig:
     def max_message_bytes(self) -> int:
         """gRPC message limit: the largest chunk plus room for framing, never more."""
         return self.max_chunk_bytes + 64 * 1024
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """One daemon's life in a run: identity, addresses, pacing, persistence.
+
+    ``host`` is where the gRPC and DHT sockets listen; ``announce`` is the host others
+    should dial when that differs (a port mapping, 0.0.0.0 behind NAT). Rounds run until
+    stopped, or ``max_rounds`` (the demo and tests).
+    """
+
+    run_id: str = "gaslocd"
+    host: str = "127.0.0.1"
+    port: int = 7070  # gRPC; 0 picks a free port
+    dht_port: int = 0
+    announce: str | None = None
+    bootstrap: tuple[str, ...] = ()
+    codec: str = "fp16"
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 10
+    resume: bool = False
+    metrics_port: int | None = None
+    address_file: str | None = None
+    max_rounds: int = 0
+    min_peers: int = 1
+    min_peers_timeout_s: float = 300.0
+    eval_every: int = 10
+    exchange_deadline_s: float | None = None  # None: derived from the expected round time
+    heartbeat_s: float = 3.0
+    record_ttl_s: float = 15.0
+    join_lead_rounds: int = 2
+    summary_json: str | None = None
+    shutdown_grace_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _check(
+            bool(self.run_id)
+            and len(self.run_id) <= 64
+            and self.run_id.isprintable()
+            and " " not in self.run_id,
+            f"run id must be 1..64 printable characters without spaces, got {self.run_id!r}",
+        )
+        for name, port in (("port", self.port), ("DHT port", self.dht_port)):
+            _check(0 <= port < 65536, f"{name} must be in 0..65535, got {port}")
+        _check(
+            self.metrics_port is None or 0 <= self.metrics_port < 65536,
+            f"metrics port must be in 0..65535, got {self.metrics_port}",
+        )
+        _check(
+            self.codec in CODECS, f"codec must be one of {', '.join(CODECS)}; got {self.codec!r}"
+        )
+        _check(
+            self.checkpoint_every >= 1,
+            f"checkpoint every must be >= 1, got {self.checkpoint_every}",
+        )
+        _check(
+            not self.resume or self.checkpoint_dir is not None,
+            "--resume needs --checkpoint-dir (where the checkpoint is)",
+        )
+        _check(
+            self.max_rounds >= 0, f"max rounds must be >= 0 (0: no limit), got {self.max_rounds}"
+        )
+        _check(self.min_peers >= 1, f"min peers must be >= 1, got {self.min_peers}")
+        _check(self.eval_every >= 0, f"eval every must be >= 0 (0: never), got {self.eval_every}")
+        _positive("min peers timeout (s)", self.min_peers_timeout_s)
+        if self.exchange_deadline_s is not None:
+            _positive("exchange deadline (s)", self.exchange_deadline_s)
+        _positive("heartbeat (s)", self.heartbeat_s)
+        _check(
+            self.record_ttl_s >= 2 * self.heartbeat_s,
+            f"record ttl ({self.record_ttl_s} s) must be at least two heartbeats "
+            f"({self.heartbeat_s} s) or records expire between refreshes",
+        )
+        _check(self.join_lead_rounds >= 1, "join lead must be >= 1 round")
+        _positive("shutdown grace (s)", self.shutdown_grace_s)

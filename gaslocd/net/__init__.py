@@ -1,1 +1,4 @@
-"""Layer 4: codecs, transports and discovery. Importing the in-memory transport pulls in neither grpc nor hivemind."""
+"""Layer 4: codecs, transports and discovery.
+
+Importing the in-memory transport pulls in neither grpc nor hivemind.
+"""

@@ -47,6 +47,7 @@ WIRE_VERSION = 1
 _MAX_STR = 256  # generous for an address or a digest, small enough that garbage stays cheap
 _MAX_INT = 2**62
 _OWNER_RE = re.compile(RSASignatureValidator.PUBLIC_KEY_REGEX)
+_OPTIONAL = ("started_at", "active_from")  # fields added after version 1 was first used
 
 
 class DiscoveryError(RuntimeError):
@@ -71,6 +72,9 @@ class PeerRecord:
     bandwidth_bytes_per_s: float  # measured link bandwidth (0 = not measured yet)
     version: str  # gaslocd software version
     started_at: float = 0.0  # unix time the daemon started (tie-breaks, uptime display)
+    # First round this peer takes part in: a newcomer announces itself a few rounds ahead
+    # so that every peer counts it from the same round and computes the same pairing.
+    active_from: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -109,7 +113,7 @@ class PeerRecord:
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in obj:
-                _check(f.name == "started_at", f"record lacks {f.name!r}")
+                _check(f.name in _OPTIONAL, f"record lacks {f.name!r}")
                 continue
             value = obj[f.name]
             # msgpack may return a whole-number float as an int; accept it, never a bool.

@@ -21,13 +21,14 @@ from gaslocd.sim.runner import SimResult
 SCHEMA_VERSION = 1
 
 
-def _plain(value: Any) -> Any:
+def plain_json(value: Any) -> Any:
+    """Dataclasses, tuples and non-finite floats made JSON-safe (NaN/inf become null)."""
     if is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v) for k, v in asdict(value).items()}
+        return {k: plain_json(v) for k, v in asdict(value).items()}
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain_json(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None  # JSON has no NaN/inf; null says "not measured"
     return value
@@ -41,7 +42,7 @@ def simulation_summary(result: SimResult, args: dict[str, Any]) -> dict[str, Any
         for r in result.records
         if r.val_loss is not None
     ]
-    return _plain(
+    return plain_json(
         {
             "schema_version": SCHEMA_VERSION,
             "kind": "simulate",

@@ -1,0 +1,240 @@
+"""``gaslocd demo``: N real daemons on 127.0.0.1, their progress relayed, one summary.
+
+Each daemon is its own process with its own DHT node and gRPC server, exactly as a
+volunteer would run it: the first is ``gaslocd start``, the others ``gaslocd join
+--bootstrap`` with the first one's address. All wait for each other (``--min-peers N``)
+so the run starts with everyone at round 0 and every daemon runs ``--max-rounds R``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from gaslocd.sim.summary import SCHEMA_VERSION, write_json
+
+STARTUP_TIMEOUT_S = 180.0
+STOP_GRACE_S = 30.0
+
+
+def _relay(prefix: str, stream: IO[str], sink: list[str]) -> None:
+    for line in stream:
+        text = line.rstrip("\n")
+        sink.append(text)
+        print(f"{prefix} {text}", flush=True)
+
+
+def _command(
+    role: str,
+    index: int,
+    workdir: Path,
+    run_id: str,
+    workers: int,
+    rounds: int,
+    metrics: bool,
+    log_level: str,
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "gaslocd",
+        "--log-level",
+        log_level,
+        role,
+        "--run-id",
+        run_id,
+        "--port",
+        "0",
+        "--min-peers",
+        str(workers),
+        "--max-rounds",
+        str(rounds),
+        "--eval-every",
+        "1",
+        "--checkpoint-dir",
+        str(workdir / f"w{index}"),
+        "--json",
+        str(workdir / f"w{index}.json"),
+    ]
+    if metrics:
+        cmd += ["--metrics-port", "0"]
+    return cmd
+
+
+def _wait_for_file(path: Path, proc: subprocess.Popen[str], timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().split()[0]
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"the first daemon exited with status {proc.returncode} before it was ready"
+            )
+        time.sleep(0.1)  # polling a file another process writes, bounded by the deadline
+    raise RuntimeError(f"the first daemon did not write its address within {timeout_s:g} s")
+
+
+def _stop(procs: Sequence[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_demo(
+    workers: int,
+    rounds: int,
+    forwarded: list[str],
+    *,
+    json_path: Path | None = None,
+    workdir: Path | None = None,
+    metrics: bool = False,
+    log_level: str = "WARNING",
+) -> int:
+    """Run the demo; returns 0 when every daemon finished its rounds."""
+    tmp = None
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="gaslocd-demo-")
+        workdir = Path(tmp.name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    run_id = f"demo-{secrets.token_hex(3)}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "33554432")
+    env.setdefault("MALLOC_TRIM_THRESHOLD_", "1073741824")
+    print(f"demo: {workers} daemons, {rounds} rounds, run {run_id}, files in {workdir}", flush=True)
+    procs: list[subprocess.Popen[str]] = []
+    relays: list[threading.Thread] = []
+    logs: list[list[str]] = []
+    began = time.time()
+
+    def spawn(cmd: list[str], index: int) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            cmd + forwarded, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        procs.append(proc)
+        sink: list[str] = []
+        logs.append(sink)
+        assert proc.stdout is not None
+        relay = threading.Thread(
+            target=_relay, args=(f"[w{index}]", proc.stdout, sink), daemon=True
+        )
+        relay.start()
+        relays.append(relay)
+        return proc
+
+    try:
+        first = spawn(
+            [
+                *_command("start", 0, workdir, run_id, workers, rounds, metrics, log_level),
+                "--address-file",
+                str(workdir / "bootstrap.txt"),
+            ],
+            0,
+        )
+        address = _wait_for_file(workdir / "bootstrap.txt", first, STARTUP_TIMEOUT_S)
+        for k in range(1, workers):
+            spawn(
+                [
+                    *_command("join", k, workdir, run_id, workers, rounds, metrics, log_level),
+                    "--bootstrap",
+                    address,
+                ],
+                k,
+            )
+        codes = [proc.wait() for proc in procs]
+    except (KeyboardInterrupt, RuntimeError) as exc:
+        print(f"demo: stopping ({exc or 'interrupted'})", flush=True)
+        _stop(procs)
+        return 1
+    finally:
+        for relay in relays:
+            relay.join(timeout=5)
+    summaries = [_read(workdir / f"w{k}.json") for k in range(workers)]
+    summary = aggregate(
+        summaries, began, {"workers": workers, "rounds": rounds, "forwarded": forwarded}
+    )
+    ok = all(code == 0 for code in codes) and all(s is not None for s in summaries)
+    final = summary["final_val_loss"]
+    print(
+        f"demo: {'done' if ok else 'FAILED'} in {time.time() - began:.1f}s; exit codes {codes}; "
+        f"mean final val loss {final if final is None else round(final, 4)}, "
+        f"idle {100 * summary['idle_fraction']:.1f}%",
+        flush=True,
+    )
+    if json_path is not None:
+        write_json(json_path, summary)
+        print(f"summary written to {json_path}", flush=True)
+    if tmp is not None:
+        tmp.cleanup()
+    return 0 if ok else 1
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def aggregate(
+    summaries: Sequence[dict[str, Any] | None], began: float, args: dict[str, Any]
+) -> dict[str, Any]:
+    """Per-daemon summaries → the simulate schema: curves averaged over daemons per round,
+    wall-clock from the demo's start, bytes per daemon, idle over all daemons' time."""
+    runs = [s for s in summaries if s is not None]
+    val_by_round: dict[int, list[tuple[float, float]]] = {}
+    cons_by_round: dict[int, list[float]] = {}
+    for s in runs:
+        for point in s.get("val_loss_curve", []):
+            if point.get("val_loss") is not None:
+                val_by_round.setdefault(point["round"], []).append(
+                    (point["unix_time"] - began, point["val_loss"])
+                )
+        for point in s.get("consensus_curve", []):
+            cons_by_round.setdefault(point["round"], []).append(point["consensus"])
+    complete = sorted(r for r, pts in val_by_round.items() if len(pts) == len(runs))
+    val_curve = [
+        {
+            "round": r,
+            "wall_clock_s": max(t for t, _ in val_by_round[r]),
+            "val_loss": statistics.fmean(v for _, v in val_by_round[r]),
+        }
+        for r in complete
+    ]
+    finals = [s["final_val_loss"] for s in runs if s.get("final_val_loss") is not None]
+    elapsed = sum(s.get("wall_clock_s", 0.0) for s in runs)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "demo",
+        "final_val_loss": statistics.fmean(finals) if finals else None,
+        "final_val_loss_per_worker": finals,
+        "val_loss_curve": val_curve,
+        "consensus_curve": [
+            {"round": r, "consensus": statistics.fmean(v)} for r, v in sorted(cons_by_round.items())
+        ],
+        "wall_clock_s": max((p["wall_clock_s"] for p in val_curve), default=0.0),
+        "wall_clock_kind": "real",
+        "bytes_sent_per_worker": [s.get("bytes_sent_per_worker", [0])[0] for s in runs],
+        "idle_fraction": sum(s.get("idle_s", 0.0) for s in runs) / elapsed if elapsed > 0 else 0.0,
+        "idle_fraction_per_worker": [s.get("idle_fraction", 0.0) for s in runs],
+        "workers_reporting": len(runs),
+        "args": args,
+    }

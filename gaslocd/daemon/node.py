@@ -1,0 +1,518 @@
+"""One daemon's life: startup → rounds → graceful shutdown (DESIGN §2).
+
+Order matters. The hivemind DHT (and, in DiLoCo mode, its averager) are child processes
+started first, from the main thread, before any gRPC object or torch thread pool exists:
+a fork copies those in a broken state. Then one uvloop event loop on the main thread owns
+signals, the gRPC server and channels, the heartbeat and the metrics; inner steps run on
+one training thread (:class:`~gaslocd.daemon.worker.TrainingThread`).
+
+A round is one coroutine (:meth:`Daemon._round`): roster → partners and H → train →
+exchange within a deadline → outer step → evaluate / checkpoint when due. The first
+SIGTERM or Ctrl-C stops training after the current step, finishes that round's exchange
+within its deadline, writes the checkpoint and withdraws the peer record; a second one
+abandons the round (the checkpoint then holds the round's starting point, which is
+consistent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+import uvloop
+
+from gaslocd import __version__
+from gaslocd.algorithm.outer import renormalized_weights
+from gaslocd.config import AlgoConfig, DaemonConfig, TrainConfig, WireConfig
+from gaslocd.daemon.metrics import DaemonMetrics
+from gaslocd.daemon.replica import Replica, checkpoint_worker_index, worker_index_for
+from gaslocd.daemon.report import RunLog
+from gaslocd.daemon.rounds import LinkEstimates, RoundSetup, plan_this_round
+from gaslocd.daemon.worker import TrainingThread
+from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
+from gaslocd.net.codecs import ErrorFeedback, get_codec
+from gaslocd.net.discovery import Discovery, DiscoveryError, PeerRecord
+from gaslocd.net.rendezvous import ExchangeResult
+from gaslocd.net.server import ExchangeServer
+from gaslocd.net.state import PeerState
+from gaslocd.net.validation import Identity, WireStats
+from gaslocd.train.checkpoint import CheckpointError
+from gaslocd.train.data import load_corpus
+from gaslocd.train.model import count_parameters
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_STARTUP = 0, 3
+
+
+class StartupError(RuntimeError):
+    """The daemon could not start; the message is for the user (exit status 3)."""
+
+
+class Daemon:
+    """Build with validated configs (no I/O), then :meth:`run` it."""
+
+    def __init__(
+        self,
+        daemon: DaemonConfig,
+        algo: AlgoConfig,
+        train: TrainConfig,
+        wire: WireConfig,
+        *,
+        role: str,
+        progress: Callable[[str], None] = print,
+    ) -> None:
+        if role not in ("start", "join"):
+            raise ValueError(f"role must be start or join, got {role!r}")
+        if role == "join" and not daemon.bootstrap:
+            raise ValueError("join needs --bootstrap ADDRESS (printed by 'gaslocd start')")
+        self.cfg, self.algo, self.train, self.wire = daemon, algo.resolved(), train, wire
+        self.role, self.progress = role, progress
+        self.stats = WireStats()
+        self.links = LinkEstimates()
+        self.stopping = False
+        self._signals = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._main: asyncio.Task[Any] | None = None
+
+    # -- entry point ---------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start the child processes, then the event loop; returns the exit status."""
+        corpus = load_corpus(self.train.data)
+        numel = count_parameters(
+            self.train.model, vocab_size=corpus.vocab_size, seq_len=self.train.seq_len
+        )
+        self.discovery = Discovery(
+            self.cfg.run_id,
+            initial_peers=self.cfg.bootstrap,
+            host=self.cfg.host,
+            dht_port=self.cfg.dht_port,
+            announce_host=self.cfg.announce,
+            record_ttl_s=self.cfg.record_ttl_s,
+        )
+        self.allreduce: HivemindAllReduce | None = None
+        try:
+            self.discovery.start()
+            if self.algo.algo == "diloco":
+                self.allreduce = HivemindAllReduce(
+                    self.discovery,
+                    prefix=f"{self.cfg.run_id}-diloco",
+                    numel=numel,
+                    target_group_size=max(2, self.cfg.min_peers),
+                )
+                self.allreduce.start()
+        except (DiscoveryError, AllReduceFailed) as exc:
+            self.discovery.shutdown()
+            raise StartupError(str(exc)) from exc
+        try:
+            worker_index = worker_index_for(self.discovery.peer_id)
+            if self.cfg.resume and self.cfg.checkpoint_dir:
+                worker_index = (
+                    checkpoint_worker_index(Path(self.cfg.checkpoint_dir)) or worker_index
+                )
+            self.replica = Replica(self.train, corpus, worker_index)
+            self.me = self.discovery.peer_id
+            self.codec = get_codec(self.cfg.codec)
+            self.message_bytes = self.codec.encoded_nbytes(self.replica.numel)
+            self.feedback = (
+                None if self.codec.lossless else ErrorFeedback(self.codec, self.replica.numel)
+            )
+            self.metrics = DaemonMetrics(self.stats, peer_id=self.me, run_id=self.cfg.run_id)
+            self.runlog = RunLog(self.me)
+            return uvloop.run(self._main_coroutine())
+        finally:
+            if self.allreduce is not None:
+                self.allreduce.shutdown()
+            self.discovery.shutdown()
+
+    async def _main_coroutine(self) -> int:
+        self._main = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal)
+        self.worker = TrainingThread()
+        self.server = ExchangeServer(
+            self.wire, Identity(self.cfg.run_id, self.me, self.replica.fingerprint), self.stats
+        )
+        started = False
+        try:
+            await self._startup()
+            started = True
+            self._spawn(self._heartbeat())
+            while not self.stopping and not (
+                self.cfg.max_rounds and self.replica.round >= self.cfg.max_rounds
+            ):
+                await self._round()
+            return EXIT_OK
+        except asyncio.CancelledError:
+            if self._signals == 0:
+                raise
+            log.warning("second signal: abandoning the round")
+            return EXIT_OK
+        finally:
+            await self._shutdown(started)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            self.progress(
+                "stopping: finishing this round's exchange, then checkpoint and leave "
+                "(again to force)"
+            )
+            self.stopping = True
+            self.worker.stop.set()
+        elif self._main is not None:
+            self._main.cancel()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- startup -------------------------------------------------------------------------
+
+    async def _startup(self) -> None:
+        try:
+            port = await self.server.start(self.cfg.host, self.cfg.port)
+        except Exception as exc:
+            raise StartupError(
+                f"cannot listen on {self.cfg.host}:{self.cfg.port} ({exc}); "
+                "is another daemon using that port? pass --port 0 for a free one"
+            ) from exc
+        self.address = f"{self.cfg.announce or self.cfg.host}:{port}"
+        self.server.set_state_provider(self._state_for_newcomer)
+        self.server.set_status_provider(self._status_fields)
+        if self.cfg.metrics_port is not None:
+            try:
+                self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.host)
+            except OSError as exc:
+                raise StartupError(
+                    f"cannot serve metrics on port {self.cfg.metrics_port}: {exc}"
+                ) from exc
+        active_from = 0
+        if self.cfg.resume:
+            await self._restore()
+        if self.role == "join" or self.cfg.resume:
+            network_round = await self._join_network()
+            if network_round is not None and (network_round > 0 or self.cfg.min_peers == 1):
+                active_from = max(self.replica.round, network_round) + self.cfg.join_lead_rounds
+        self.active_from = active_from
+        await self._publish()
+        bootstrap = self.discovery.bootstrap_addresses()
+        if self.cfg.address_file:
+            path = Path(self.cfg.address_file)
+            path.write_text("\n".join(bootstrap) + "\n")
+        self.progress(
+            f"gaslocd {__version__} {self.role}: peer {self.me} run {self.cfg.run_id} "
+            f"gRPC {self.address} round {self.replica.round} (active from {active_from}), "
+            f"model {self.train.model} {self.replica.numel:,} params, "
+            f"{self.algo.algo}/{self.algo.topology} "
+            f"codec {self.cfg.codec}"
+        )
+        self.progress(f"bootstrap address: {bootstrap[0]}")
+        if self.cfg.min_peers > 1:
+            await self._lobby()
+
+    async def _restore(self) -> None:
+        directory = Path(self.cfg.checkpoint_dir or ".")
+        try:
+            await self.worker.call(self.replica.restore, directory)
+        except CheckpointError as exc:
+            raise StartupError(f"cannot resume: {exc}") from exc
+        self.progress(f"resumed from {directory} at round {self.replica.round}")
+
+    async def _others(self) -> list[PeerRecord]:
+        records = await self.discovery.roster(self.replica.fingerprint)
+        return [r for r in records if r.peer_id != self.me]
+
+    async def _join_network(self) -> int | None:
+        """Find live peers; a newcomer takes the most advanced one's state (GetState)."""
+        deadline = time.monotonic() + self.cfg.min_peers_timeout_s
+        others: list[PeerRecord] = []
+        while not others:
+            if self.stopping or time.monotonic() > deadline:
+                if self.cfg.resume:
+                    return None  # resume alone
+                raise StartupError(
+                    f"no peer of run {self.cfg.run_id!r} with this model answered within "
+                    f"{self.cfg.min_peers_timeout_s:g} s (check --bootstrap, --run-id and --model)"
+                )
+            with contextlib.suppress(DiscoveryError):
+                others = await self._others()
+            if not others:
+                await asyncio.sleep(0.25)  # polling the DHT, bounded by the deadline above
+        network_round = max(r.round for r in others)
+        if self.cfg.resume:
+            self.replica.round = max(self.replica.round, network_round)
+            return network_round
+        expected = {"theta": self.replica.numel, "outer_momentum": self.replica.numel}
+        errors = []
+        for record in sorted(others, key=lambda r: -r.round):
+            try:
+                state = await self.server.client.fetch_state(record.address, expected, 120.0)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    raise StartupError(
+                        f"peer {record.address} refused our join token: {exc.details()}"
+                    ) from exc
+                errors.append(f"{record.address}: {exc.code().name} {exc.details()}")
+                continue
+            except Exception as exc:  # a refused or malformed state: try another peer
+                errors.append(f"{record.address}: {exc}")
+                continue
+            await self.worker.call(
+                self.replica.adopt,
+                state.round,
+                state.tensors["theta"],
+                state.tensors["outer_momentum"],
+            )
+            self.progress(f"took state of round {state.round} from {record.address}")
+            return state.round
+        raise StartupError("could not fetch the run's state from any peer: " + "; ".join(errors))
+
+    async def _lobby(self) -> None:
+        """Wait until ``min_peers`` peers (self included) are in the roster of the next round."""
+        deadline = time.monotonic() + self.cfg.min_peers_timeout_s
+        while not self.stopping:
+            with contextlib.suppress(DiscoveryError):
+                records = await self.discovery.roster(self.replica.fingerprint)
+                if (
+                    len([r for r in records if r.active_from <= self.replica.round])
+                    >= self.cfg.min_peers
+                ):
+                    return
+            if time.monotonic() > deadline:
+                raise StartupError(
+                    f"fewer than {self.cfg.min_peers} peers joined within "
+                    f"{self.cfg.min_peers_timeout_s:g} s"
+                )
+            await asyncio.sleep(0.25)  # polling the DHT, bounded by the deadline above
+
+    # -- records -------------------------------------------------------------------------
+
+    def _record(self) -> PeerRecord:
+        return PeerRecord(
+            peer_id=self.me,
+            address=self.address,
+            fingerprint=self.replica.fingerprint,
+            round=self.replica.round,
+            inner_steps=self.runlog.last_inner_steps or self.algo.inner_steps,
+            step_time_s=float(self.links.step_time_s or 0.0),
+            bandwidth_bytes_per_s=float(self.links.own_bandwidth()),
+            version=__version__,
+            started_at=self.runlog.started_at,
+            active_from=self.active_from,
+        )
+
+    async def _publish(self) -> None:
+        try:
+            await self.discovery.publish(self._record())
+        except DiscoveryError as exc:
+            log.warning("publishing our record failed (retrying at the next heartbeat): %s", exc)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_s)
+            await self._publish()
+
+    # -- one round -----------------------------------------------------------------------
+
+    async def _round(self) -> None:
+        t = self.replica.round
+        try:
+            records = await self.discovery.roster(self.replica.fingerprint)
+        except DiscoveryError as exc:
+            log.warning("roster unavailable this round, training alone: %s", exc)
+            records = []
+        setup = plan_this_round(
+            self.algo,
+            self.cfg.run_id,
+            self.me,
+            t,
+            records,
+            self.links,
+            self.message_bytes,
+            self.cfg.exchange_deadline_s,
+        )
+        await self.worker.call(self.replica.begin_round)
+        began = time.monotonic()
+        losses = await self.worker.call(
+            self.replica.trainer.train_steps, setup.inner_steps, self.worker.should_stop
+        )
+        if self.replica.trainer.last_step_s is not None and losses:
+            self.links.record_step_time(self.replica.trainer.last_step_s)
+        exchange_began = time.monotonic()
+        if self.algo.algo == "diloco":
+            consensus, idle_s, ok = await self._allreduce(setup)
+        else:
+            consensus, idle_s, ok = await self._exchange(setup)
+        exchange_s = time.monotonic() - exchange_began
+        self.metrics.exchange_seconds.observe(exchange_s)
+        val = None
+        due = self.cfg.eval_every and (self.replica.round % self.cfg.eval_every == 0)
+        last = self.cfg.max_rounds and self.replica.round >= self.cfg.max_rounds
+        if due or last or self.stopping:
+            val = await self.worker.call(self.replica.evaluate)
+        if self.cfg.checkpoint_dir and self.replica.round % self.cfg.checkpoint_every == 0:
+            await self._checkpoint()
+        tokens = len(losses) * self.replica.trainer.tokens_per_step
+        self.metrics.tokens += tokens
+        self.metrics.idle_seconds += idle_s
+        line = self.runlog.add(
+            setup, losses, val, consensus, idle_s, time.monotonic() - began, tokens, ok, self.stats
+        )
+        self._export(setup, losses, val, consensus)
+        self.progress(line)
+
+    async def _exchange(self, setup: RoundSetup) -> tuple[float | None, float, int]:
+        """Gossip: stream θ̃ to this round's partners and mix what arrives."""
+        if not setup.partners or setup.plan is None:
+            await self.worker.call(
+                self.replica.outer_update, {self.me: 1.0}, {}, self.me, self.algo.outer
+            )
+            return None, 0.0, 0
+        await self.server.open_round(
+            setup.round,
+            self.replica.flat.flat,
+            setup.partners,
+            codec=self.cfg.codec,
+            feedback=self.feedback,
+            roster_digest=setup.digest,
+        )
+        began = time.monotonic()
+        outcomes = await self.server.exchange_round(setup.round, setup.deadline_s)
+        elapsed = time.monotonic() - began
+        received: dict[str, torch.Tensor] = {}
+        transfer = 0.0
+        for peer, outcome in outcomes.items():
+            if isinstance(outcome, ExchangeResult):
+                received[peer] = outcome.theta
+                self.links.record_transfer(peer, outcome.transfer_s, outcome.bytes_received)
+                transfer = max(transfer, outcome.transfer_s)
+            else:
+                log.info(
+                    "round %d: no exchange with %s: %s (%s)",
+                    setup.round,
+                    peer,
+                    outcome.reason,
+                    outcome.detail,
+                )
+        row = renormalized_weights(setup.plan.mixing_weights(self.me), self.me, set(received))
+        consensus = await self.worker.call(
+            self.replica.outer_update, row, received, self.me, self.algo.outer
+        )
+        return (consensus if received else None), max(0.0, elapsed - transfer), len(received)
+
+    async def _allreduce(self, setup: RoundSetup) -> tuple[float | None, float, int]:
+        """DiLoCo: all-reduce the pseudo-gradient Δ = θ − θ̃ through hivemind's averager."""
+        assert self.allreduce is not None
+        delta = await self.worker.call(lambda: self.replica.theta_start - self.replica.flat.flat)
+        began = time.monotonic()
+        try:
+            average, group = await self.allreduce.average(
+                setup.round, delta, timeout_s=setup.deadline_s
+            )
+        except AllReduceFailed as exc:
+            log.info(
+                "round %d: no all-reduce (%s); stepping on our own pseudo-gradient",
+                setup.round,
+                exc,
+            )
+            self.metrics.count_failure("allreduce")
+            average, group = delta, 1
+        await self.worker.call(self.replica.outer_update_from_average, average, self.algo.outer)
+        return None, 0.0 if group > 1 else time.monotonic() - began, group - 1
+
+    def _export(
+        self, setup: RoundSetup, losses: list[float], val: float | None, consensus: float | None
+    ) -> None:
+        m = self.metrics
+        m.round.set(self.replica.round)
+        m.inner_steps.set(setup.inner_steps)
+        m.peers.set(setup.roster_size)
+        m.partners.set(len(setup.partners))
+        if losses:
+            m.train_loss.set(sum(losses) / len(losses))
+        if val is not None:
+            m.val_loss.set(val)
+        if consensus is not None:
+            m.consensus.set(consensus)
+        if self.links.step_time_s is not None:
+            m.step_seconds.set(self.links.step_time_s)
+        m.bandwidth.set(self.links.own_bandwidth())
+        m.idle_fraction.set(self.runlog.idle_fraction())
+
+    # -- state for others, status, checkpoints ---------------------------------------------
+
+    def _state_for_newcomer(self) -> PeerState:
+        snap = self.replica.snapshot()
+        return PeerState(
+            round=snap.round,
+            data_position=snap.data_position,
+            tensors={"theta": snap.theta, "outer_momentum": snap.momentum},
+        )
+
+    def _status_fields(self) -> dict[str, object]:
+        return {
+            "round": self.replica.round,
+            "inner_steps": self.runlog.last_inner_steps,
+            "train_loss": self.runlog.last_train_loss,
+            "val_loss": self.runlog.last_val_loss,
+            "peers": self.runlog.last_roster_size,
+            "idle_fraction": round(self.runlog.idle_fraction(), 4),
+            "algo": f"{self.algo.algo}/{self.algo.topology}",
+            "codec": self.cfg.codec,
+            "model": self.train.model,
+            "address": self.address,
+        }
+
+    async def _checkpoint(self) -> None:
+        directory = Path(self.cfg.checkpoint_dir or ".")
+        directory.mkdir(parents=True, exist_ok=True)
+        extra = {"run_id": self.cfg.run_id, "peer_id": self.me, "saved_at": time.time()}
+        path = await self.worker.call(self.replica.save, directory, extra)
+        log.info("checkpoint of round %d written to %s", self.replica.round, path)
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    async def _shutdown(self, started: bool) -> None:
+        """Ordered and bounded: stop tasks, checkpoint, withdraw, stop serving, report."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if started and self.cfg.checkpoint_dir:
+            try:
+                await asyncio.wait_for(self._checkpoint(), self.cfg.shutdown_grace_s)
+            except Exception:
+                log.exception("final checkpoint failed")
+        if started:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.discovery.withdraw(), 5.0)
+        await self.server.stop(2.0)
+        self.metrics.stop()
+        self.worker.shutdown()
+        if started and self.cfg.summary_json:
+            self.runlog.write_summary(Path(self.cfg.summary_json), self._summary_args(), self.stats)
+        if started:
+            self.progress(self.runlog.closing_line(self.stats))
+
+    def _summary_args(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {
+            "role": self.role,
+            "daemon": asdict(self.cfg),
+            "algo": asdict(self.algo),
+            "train": asdict(self.train),
+        }

@@ -1,0 +1,187 @@
+"""The model state one daemon trains, and the only code that mutates it.
+
+θ (the round's starting point), the outer momentum m, the inner AdamW state and the data
+position live here. Training and the outer step run on the training thread; the event
+loop only reads snapshots, taken under ``lock`` so that a newcomer's ``GetState`` or a
+checkpoint never sees θ from one round and m from another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gaslocd.algorithm.outer import mix, outer_step_, pairwise_consensus
+from gaslocd.config import OuterConfig, TrainConfig
+from gaslocd.train.checkpoint import build_payload, load_checkpoint, save_checkpoint
+from gaslocd.train.data import BatchSampler, Corpus, fixed_batches
+from gaslocd.train.flat import FlatParameters, model_fingerprint
+from gaslocd.train.inner import InnerTrainer
+from gaslocd.train.model import build_model
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def worker_index_for(peer_id: str) -> int:
+    """A data-stream index derived from a peer id: distinct streams without coordination."""
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A consistent copy of (round, θ, m): safe to stream while training goes on."""
+
+    round: int
+    theta: torch.Tensor
+    momentum: torch.Tensor
+    data_position: int
+
+
+class Replica:
+    """θ, m, the inner trainer and the data stream of one daemon."""
+
+    def __init__(self, train: TrainConfig, corpus: Corpus, worker_index: int) -> None:
+        self.train_config = train
+        self.worker_index = worker_index
+        model = build_model(
+            train.model, vocab_size=corpus.vocab_size, seq_len=train.seq_len, seed=train.seed
+        )
+        self.fingerprint = model_fingerprint(model, train.model)
+        self.flat = FlatParameters(model)
+        sampler = BatchSampler(
+            corpus.train,
+            batch_size=train.batch_size,
+            seq_len=train.seq_len,
+            seed=train.seed,
+            worker=worker_index,
+        )
+        self.trainer = InnerTrainer(model, self.flat, sampler, train)
+        self.eval_batches = fixed_batches(
+            corpus.val,
+            batch_size=train.batch_size,
+            seq_len=train.seq_len,
+            n=train.eval_batches,
+            seed=train.seed,
+        )
+        self.momentum = torch.zeros_like(self.flat.flat)
+        self.theta_start = self.flat.clone()  # θ at the start of `round`
+        self.round = 0
+        self.lock = threading.Lock()
+
+    @property
+    def numel(self) -> int:
+        return self.flat.numel
+
+    # -- training-thread operations -------------------------------------------------------
+
+    def begin_round(self) -> None:
+        """Make the live parameters the round's starting point (they already are, after
+        an outer step; after loading state they are copied in here)."""
+        self.flat.load_(self.theta_start)
+
+    def outer_update(
+        self,
+        weights: Mapping[str, float],
+        received: Mapping[str, torch.Tensor],
+        me: str,
+        cfg: OuterConfig,
+    ) -> float:
+        """Mix θ̃ with the partners' and take the outer step; returns the consensus distance.
+
+        ``received`` must hold exactly the partners in ``weights`` other than ``me``.
+        """
+        tilde = self.flat.flat
+        consensus = pairwise_consensus(tilde, received)
+        mixed = mix(weights, {**received, me: tilde})
+        with self.lock:
+            self.flat.load_(self.theta_start)
+            outer_step_(self.flat.flat, self.momentum, mixed, cfg)
+            self.theta_start = self.flat.clone()
+            self.round += 1
+        return consensus
+
+    def outer_update_from_average(self, average_delta: torch.Tensor, cfg: OuterConfig) -> None:
+        """DiLoCo: the outer step on the all-reduced pseudo-gradient Δ̄ = mean(θ − θ̃)."""
+        with self.lock:
+            mixed = self.theta_start - average_delta
+            self.flat.load_(self.theta_start)
+            outer_step_(self.flat.flat, self.momentum, mixed, cfg)
+            self.theta_start = self.flat.clone()
+            self.round += 1
+
+    def skip_outer_step(self) -> None:
+        """No usable average this round (DiLoCo's all-reduce failed): keep θ̃ as the local step
+        would have, i.e. an outer step with W = I."""
+        self.outer_update({"self": 1.0}, {}, "self", OuterConfig(lr=1.0, momentum=0.0))
+
+    def evaluate(self) -> float:
+        return self.trainer.evaluate(self.eval_batches)
+
+    # -- snapshots, state transfer, checkpoints ---------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        with self.lock:
+            return Snapshot(
+                self.round, self.theta_start.clone(), self.momentum.clone(), self.trainer.steps_done
+            )
+
+    def adopt(self, round_: int, theta: torch.Tensor, momentum: torch.Tensor) -> None:
+        """Take a live peer's state (a newcomer): θ, m and the round; inner state stays fresh."""
+        for name, t in (("theta", theta), ("outer_momentum", momentum)):
+            if t.numel() != self.numel or not bool(torch.isfinite(t).all()):
+                raise ValueError(f"peer state {name} is not {self.numel} finite values")
+        with self.lock:
+            self.theta_start = theta.detach().to(torch.float32).reshape(-1).clone()
+            self.momentum.copy_(momentum.reshape(-1))
+            self.round = round_
+            self.flat.load_(self.theta_start)
+
+    def save(self, directory: Path, extra: dict[str, Any]) -> Path:
+        """Write θ (the round's start), m, the inner state and the round, atomically."""
+        path = Path(directory) / CHECKPOINT_NAME
+        with self.lock:
+            payload = build_payload(
+                fingerprint=self.fingerprint,
+                round=self.round,
+                theta=self.theta_start.clone(),
+                outer_momentum=self.momentum.clone(),
+                inner=self.trainer.state_dict(),
+                extra={**extra, "worker_index": self.worker_index},
+            )
+            save_checkpoint(path, payload)
+        return path
+
+    def restore(self, directory: Path) -> dict[str, Any]:
+        """Load a checkpoint written by :meth:`save` for this model; returns its ``extra``."""
+        payload = load_checkpoint(
+            Path(directory) / CHECKPOINT_NAME, expected_fingerprint=self.fingerprint
+        )
+        with self.lock:
+            self.theta_start = payload["theta"].to(torch.float32).reshape(-1).clone()
+            self.momentum.copy_(payload["outer_momentum"])
+            self.round = int(payload["round"])
+            self.trainer.load_state_dict(payload["inner"])
+            self.flat.load_(self.theta_start)
+        return dict(payload.get("extra", {}))
+
+
+def checkpoint_worker_index(directory: Path) -> int | None:
+    """The data-stream index saved in a checkpoint, so a resumed daemon keeps its stream."""
+    path = Path(directory) / CHECKPOINT_NAME
+    if not path.is_file():
+        return None
+    try:  # mmap: only the small dict is read here, not the model-sized tensors
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a damaged file: restore() reports it properly
+        return None
+    index = payload.get("extra", {}).get("worker_index") if isinstance(payload, dict) else None
+    return int(index) if isinstance(index, int) else None

@@ -1,0 +1,133 @@
+"""A daemon's own record of its run: the progress line per round and the JSON summary.
+
+The summary uses the simulator's schema (:mod:`gaslocd.sim.summary`) with real
+wall-clock, so that ``gaslocd demo --json`` and ``gaslocd simulate --json`` plot alike.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gaslocd.daemon.rounds import RoundSetup
+from gaslocd.net.validation import WireStats
+from gaslocd.sim.summary import SCHEMA_VERSION, plain_json, write_json
+
+
+@dataclass
+class RunLog:
+    peer_id: str
+    started_at: float = field(default_factory=time.time)
+    _began: float = field(default_factory=time.monotonic)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    idle_s: float = 0.0
+    last_inner_steps: int = 0
+    last_train_loss: float | None = None
+    last_val_loss: float | None = None
+    last_roster_size: int = 0
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._began
+
+    def idle_fraction(self) -> float:
+        elapsed = self.elapsed_s()
+        return self.idle_s / elapsed if elapsed > 0 else 0.0
+
+    def add(
+        self,
+        setup: RoundSetup,
+        losses: list[float],
+        val: float | None,
+        consensus: float | None,
+        idle_s: float,
+        round_s: float,
+        tokens: int,
+        exchanged: int,
+        stats: WireStats,
+    ) -> str:
+        """Record a finished round; returns its progress line."""
+        self.idle_s += idle_s
+        train = statistics.fmean(losses) if losses else math.nan
+        self.last_inner_steps, self.last_roster_size = len(losses), setup.roster_size
+        self.last_train_loss = train
+        if val is not None:
+            self.last_val_loss = val
+        self.rounds.append(
+            {
+                "round": setup.round + 1,
+                "wall_clock_s": self.elapsed_s(),
+                "unix_time": time.time(),
+                "inner_steps": len(losses),
+                "train_loss": train,
+                "val_loss": val,
+                "consensus": consensus,
+                "idle_s": idle_s,
+                "partners": len(setup.partners),
+                "exchanged": exchanged,
+                "bytes_sent": stats.bytes_sent,
+            }
+        )
+        tok_s = tokens / round_s if round_s > 0 else 0.0
+        val_text = f"{val:.4f}" if val is not None else "   -  "
+        cons = f"{consensus:.2e}" if consensus is not None else "    -   "
+        return (
+            f"round {setup.round + 1:5d}  H {len(losses):4d}  loss {train:.4f}  "
+            f"val {val_text}  tok/s {tok_s / 1000:6.1f}k  consensus {cons}  "
+            f"idle {100 * self.idle_fraction():5.1f}%  peers {setup.roster_size}  "
+            f"exchanged {exchanged}/{len(setup.partners)}"
+        )
+
+    def closing_line(self, stats: WireStats) -> str:
+        vals = [r["val_loss"] for r in self.rounds if r["val_loss"] is not None]
+        final = f"{vals[-1]:.4f}" if vals else "-"
+        failures = sum(stats.failures.values())
+        return (
+            f"stopped after {len(self.rounds)} rounds in {self.elapsed_s():.1f}s: "
+            f"val loss {final}, "
+            f"idle {100 * self.idle_fraction():.1f}%, sent {stats.bytes_sent / 2**20:.1f} MiB, "
+            f"received {stats.bytes_received / 2**20:.1f} MiB, exchange failures {failures}, "
+            f"refused messages {sum(stats.rejected.values())}"
+        )
+
+    def summary(self, args: dict[str, Any], stats: WireStats) -> dict[str, Any]:
+        vals = [r for r in self.rounds if r["val_loss"] is not None]
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "daemon",
+            "peer_id": self.peer_id,
+            "started_at": self.started_at,
+            "final_val_loss": vals[-1]["val_loss"] if vals else None,
+            "val_loss_curve": [
+                {
+                    "round": r["round"],
+                    "wall_clock_s": r["wall_clock_s"],
+                    "unix_time": r["unix_time"],
+                    "val_loss": r["val_loss"],
+                }
+                for r in vals
+            ],
+            "consensus_curve": [
+                {"round": r["round"], "consensus": r["consensus"]}
+                for r in self.rounds
+                if r["consensus"] is not None
+            ],
+            "train_loss_curve": [
+                {"round": r["round"], "train_loss": r["train_loss"]} for r in self.rounds
+            ],
+            "rounds": self.rounds,
+            "wall_clock_s": self.elapsed_s(),
+            "wall_clock_kind": "real",
+            "bytes_sent_per_worker": [stats.bytes_sent],
+            "bytes_received": stats.bytes_received,
+            "idle_s": self.idle_s,
+            "idle_fraction": self.idle_fraction(),
+            "wire": stats.snapshot(),
+            "args": args,
+        }
+
+    def write_summary(self, path: Path, args: dict[str, Any], stats: WireStats) -> None:
+        write_json(path, plain_json(self.summary(args, stats)))
