@@ -28,6 +28,8 @@ Error feedback: see :class:`ErrorFeedback`.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 CODEC_NAMES = ("fp32", "fp16", "bf16", "int8")
@@ -226,15 +228,18 @@ class ErrorFeedback:
     (one round's error, not a drift): a round whose weight is renormalized (a partner
     dropped) or whose message nobody received still advances the residual.
 
-    Memory: the residual (numel float32) plus one chunk of scratch; ``encode_chunk`` works
-    span by span so a streaming sender never holds a second full-size float copy.
+    Memory: the residual (numel float32) plus one chunk of scratch per thread;
+    ``encode_chunk`` works span by span so a streaming sender never holds a second
+    full-size float copy. Different chunks may be encoded from different threads at once.
     """
 
     def __init__(self, codec: Codec, numel: int) -> None:
         self.codec = codec
         self.numel = numel
         self.residual = torch.zeros(0 if codec.lossless else numel, dtype=torch.float32)
-        self._scratch = torch.empty(0, dtype=torch.float32)
+        # One scratch per thread: a streaming sender encodes different chunks in parallel
+        # worker threads, and a shared scratch would mix their decodes into the residual.
+        self._local = threading.local()
 
     def encode_chunk(self, src: torch.Tensor, elem_start: int, out: torch.Tensor) -> None:
         """Encode ``src`` (elements ``elem_start:elem_start + len``) + residual into ``out``."""
@@ -247,9 +252,10 @@ class ErrorFeedback:
         res = self.residual[elem_start : elem_start + n]
         res.add_(src)  # res now holds x + e, the value we try to send
         self.codec.encode_into(res, out)
-        if self._scratch.numel() < n:
-            self._scratch = torch.empty(n, dtype=torch.float32)
-        decoded = self._scratch[:n]
+        scratch: torch.Tensor | None = getattr(self._local, "scratch", None)
+        if scratch is None or scratch.numel() < n:
+            scratch = self._local.scratch = torch.empty(n, dtype=torch.float32)
+        decoded = scratch[:n]
         self.codec.decode(out, decoded)
         res.sub_(decoded)  # e ← (x + e) − decode(q)
 

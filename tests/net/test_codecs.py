@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -198,6 +199,27 @@ def test_error_feedback_chunked_equals_whole() -> None:
             b.encode_chunk(x[e0:e1], e0, pieces[b0:b1])
         assert torch.equal(whole, pieces)
     assert torch.equal(a.residual, b.residual)
+
+
+def test_error_feedback_chunks_encoded_in_parallel_threads_equal_sequential() -> None:
+    """A streaming sender encodes chunks in worker threads at once (a shared scratch buffer
+    once corrupted the residual this way; the transport bench caught it)."""
+    codec, numel = get_codec("int8"), 64 * INT8_BLOCK
+    x = _randn(numel, 5)
+    spans = chunk_spans(codec, numel, 4 * (INT8_BLOCK + 4))
+    seq, par = ErrorFeedback(codec, numel), ErrorFeedback(codec, numel)
+    out_seq, out_par = (torch.empty(codec.encoded_nbytes(numel), dtype=torch.uint8) for _ in "ab")
+    for _ in range(3):
+        for e0, e1, b0, b1 in spans:
+            seq.encode_chunk(x[e0:e1], e0, out_seq[b0:b1])
+        with ThreadPoolExecutor(4) as pool:
+            list(
+                pool.map(
+                    lambda s: par.encode_chunk(x[s[0] : s[1]], s[0], out_par[s[2] : s[3]]), spans
+                )
+            )
+        assert torch.equal(out_seq, out_par)
+    assert torch.equal(seq.residual, par.residual)
 
 
 def test_importing_codecs_pulls_in_neither_grpc_nor_hivemind() -> None:
