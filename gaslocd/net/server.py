@@ -56,6 +56,7 @@ from gaslocd.net.security import server_credentials, server_options
 from gaslocd.net.state import PeerState, send_state
 from gaslocd.net.stream import OutgoingMessage, Receiver, expect_end, receive_data, run_duplex
 from gaslocd.net.stream import send_message as send_stream
+from gaslocd.net.threads import wire_executor
 from gaslocd.net.validation import Identity, Refusal, WireStats, check_payload, check_static
 
 log = logging.getLogger(__name__)
@@ -83,9 +84,9 @@ class ExchangeServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Bind and serve; returns the bound port (``port=0`` picks a free one)."""
-        # Two threads: one stream's decode and another's encode can run at once; torch
-        # adds its own intra-op threads inside each call.
-        self._executor = ThreadPoolExecutor(2, thread_name_prefix="gaslocd-wire")
+        # Two threads: one stream's decode and another's encode run at once, each with
+        # torch single-threaded (see gaslocd.net.threads for the measurement).
+        self._executor = wire_executor(2)
         self._board = RoundBoard(self.me.peer_id, self.config.round_lead)
         self._client = PeerClient(self.config, self.me, self._executor, self.stats)
         server = grpc.aio.server(options=server_options(self.config), maximum_concurrent_rpcs=64)
