@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -72,6 +72,46 @@ class SimResult:
         return vals[-1] if vals else self.initial_val_loss
 
 
+def worker_roster(workers: int) -> list[str]:
+    """The simulated peers' ids, sorted as the roster is."""
+    return [f"w{k:03d}" for k in range(workers)]
+
+
+def network_model(sim: SimConfig, encoded_message_bytes: int) -> NetworkModel:
+    """The clock's network for ``sim``: its own message size if set, else the encoded model."""
+    return NetworkModel(
+        tuple(sim.bandwidth_bytes_per_s(k) for k in range(sim.workers)),
+        sim.latency_ms / 1000,
+        sim.message_bytes or encoded_message_bytes,
+    )
+
+
+def advance_clock(
+    clock: SimClock,
+    net: NetworkModel,
+    plan: RoundPlan,
+    inner_steps: Sequence[int],
+    step_times: Sequence[float],
+    *,
+    allreduce: bool,
+    exchanged: Mapping[str, set[str]] | None = None,
+) -> None:
+    """Advance ``clock`` through one round of ``plan``: a barrier all-reduce or gossip.
+
+    ``exchanged`` (peer → partners it did exchange with) drops failed gossip edges; None
+    means every planned edge went through. The run and :func:`~gaslocd.sim.replay.replay_clock`
+    both advance their clocks here, so a replay cannot drift from the run it re-times.
+    """
+    if allreduce:
+        clock.allreduce_round(inner_steps, step_times, net)
+        return
+    index = {p: k for k, p in enumerate(plan.roster)}
+    edges = [
+        (index[a], index[b]) for a, b in plan.edges() if exchanged is None or b in exchanged[a]
+    ]
+    clock.gossip_round(inner_steps, step_times, edges, net)
+
+
 class Simulation:
     """Build once, then :meth:`run`. Construction trains nothing and opens no sockets."""
 
@@ -88,7 +128,7 @@ class Simulation:
         self.train = train
         self.sim = sim
         self.corpus = corpus if corpus is not None else load_corpus(train.data)
-        self.roster = [f"w{k:03d}" for k in range(sim.workers)]
+        self.roster = worker_roster(sim.workers)
         self.workers = [self._make_worker(k, peer) for k, peer in enumerate(self.roster)]
         numel = self.workers[0].flat.numel
         self.transport = InMemoryTransport(sim.codec, numel, edge_fails)
@@ -99,12 +139,7 @@ class Simulation:
             n=train.eval_batches,
             seed=train.seed,
         )
-        message_bytes = sim.message_bytes or self.transport.message_bytes
-        self.net = NetworkModel(
-            tuple(sim.bandwidth_bytes_per_s(k) for k in range(sim.workers)),
-            sim.latency_ms / 1000,
-            message_bytes,
-        )
+        self.net = network_model(sim, self.transport.message_bytes)
         self.clock = SimClock(sim.workers)
         self._bytes_sent = [0.0] * sim.workers
 
@@ -203,19 +238,34 @@ class Simulation:
             w.flat.load_(start)
             outer_step_(w.flat.flat, w.momentum, mixed, self.algo.outer)
         self.transport.end_round(t)
-        if self._uses_allreduce():
-            self.clock.allreduce_round(inner_steps, step_times, self.net)
-        else:
-            index = {p: k for k, p in enumerate(self.roster)}
-            edges = [(index[a], index[b]) for a, b in plan.edges() if b in ok[a]]
-            self.clock.gossip_round(inner_steps, step_times, edges, self.net)
+        advance_clock(
+            self.clock,
+            self.net,
+            plan,
+            inner_steps,
+            step_times,
+            allreduce=self._uses_allreduce(),
+            exchanged=ok,
+        )
         return inner_steps, statistics.fmean(losses), failures
 
     # -- the run ------------------------------------------------------------------------
 
     def evaluate(self) -> float:
-        """Mean validation loss of the workers' own models (what each peer would serve)."""
-        return statistics.fmean(w.trainer.evaluate(self.eval_batches) for w in self.workers)
+        """Mean validation loss of the workers' own models (what each peer would serve).
+
+        Bit-identical replicas (every worker after a lossless all-reduce, for DiLoCo) are
+        evaluated once and counted once each: the same number, up to 1/n of the cost.
+        """
+        losses: list[float] = []
+        seen: list[tuple[torch.Tensor, float]] = []
+        for w in self.workers:
+            twin = next((loss for flat, loss in seen if torch.equal(flat, w.flat.flat)), None)
+            if twin is None:
+                twin = w.trainer.evaluate(self.eval_batches)
+                seen.append((w.flat.flat, twin))
+            losses.append(twin)
+        return statistics.fmean(losses)
 
     def consensus(self) -> float:
         return consensus_distance({w.peer_id: w.flat.flat for w in self.workers})
