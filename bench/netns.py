@@ -1,0 +1,178 @@
+"""A throwaway network of Linux namespaces with shaped links, for benches and multi-host tests.
+
+``NetLab(n, rate_mbit=..., delay_ms=..., loss_pct=...)`` builds, as root, one *hub*
+namespace holding a bridge and ``n`` *leaf* namespaces, each joined to the bridge by a veth
+pair: a star, like n machines behind one switch, each with its own access link. Every
+access link is shaped in both directions with ``tc`` (the leaf's side shapes its upload,
+the hub's side its download): a token bucket (``tbf``) for the rate, under ``netem`` when
+a delay or a loss is asked for. Rates may differ per leaf (a straggler's slow link).
+Addresses are 10.231.<lab>.<i+1>/24 and exist only inside the namespaces, so nothing
+reaches or shadows the host's own network. Everything is removed on exit, also after an
+error or Ctrl-C (and ``cleanup_stale()`` removes leftovers of a killed run by name).
+
+    with NetLab(2, rate_mbit=1000) as lab:
+        server = subprocess.Popen(lab.exec_argv(0, [sys.executable, "srv.py"]))
+        client = subprocess.Popen(lab.exec_argv(1, [sys.executable, "cli.py", lab.address(0)]))
+
+Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and iproute2; :func:`available` says whether
+this machine allows it, and why not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+PREFIX = "gl"  # namespace and link names start with this (kept short: IFNAMSIZ is 16)
+
+
+def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    argv = ["ip", *(["-n", ns] if ns else []), *args]
+    return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=30)
+
+
+def _tc(ns: str, *args: str) -> None:
+    subprocess.run(
+        ["ip", "netns", "exec", ns, "tc", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def available() -> tuple[bool, str]:
+    """Whether namespaces, veth and tc work here; the reason if not."""
+    if os.geteuid() != 0:
+        return False, "needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return False, f"{tool} not found (apt-get install iproute2)"
+    probe = f"{PREFIX}probe{os.getpid() % 10000}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return False, f"ip netns add failed: {made.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return True, "ok"
+
+
+def cleanup_stale() -> None:
+    """Remove namespaces left by a killed run (they all start with ``PREFIX``)."""
+    listing = _ip("netns", "list", check=False).stdout
+    for line in listing.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if name.startswith(PREFIX) and name[len(PREFIX) :][:1].isdigit():
+            _ip("netns", "del", name, check=False)
+
+
+def _shape(ns: str, dev: str, rate_mbit: float | None, delay_ms: float, loss_pct: float) -> None:
+    if rate_mbit is None and delay_ms == 0 and loss_pct == 0:
+        return
+    parent = ["root"]
+    if delay_ms or loss_pct:
+        netem = ["qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "limit", "100000"]
+        if delay_ms:
+            netem += ["delay", f"{delay_ms}ms"]
+        if loss_pct:
+            netem += ["loss", f"{loss_pct}%"]
+        _tc(ns, *netem)
+        parent = ["parent", "1:", "handle", "2:"]
+    if rate_mbit is not None:
+        # burst: ~4 ms of traffic and at least a 64 KiB GSO segment, else tbf drops them.
+        burst = max(int(rate_mbit * 1e6 / 8 * 0.004), 256 * 1024)
+        _tc(
+            ns,
+            "qdisc",
+            "add",
+            "dev",
+            dev,
+            *parent,
+            "tbf",
+            "rate",
+            f"{rate_mbit}mbit",
+            "burst",
+            str(burst),
+            "latency",
+            "50ms",
+        )
+
+
+@dataclass
+class NetLab:
+    """n leaf namespaces on a bridge; see the module docstring."""
+
+    n: int
+    rate_mbit: float | Sequence[float | None] | None = None
+    delay_ms: float = 0.0
+    loss_pct: float = 0.0
+    lab: int = field(default_factory=lambda: os.getpid() % 200 + 1)
+    _made: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n <= 250:
+            raise ValueError(f"NetLab supports 1..250 namespaces, got {self.n}")
+        rates = self.rate_mbit
+        if rates is None or isinstance(rates, int | float):
+            rates = [rates] * self.n
+        if len(rates) != self.n:
+            raise ValueError(f"{len(rates)} rates for {self.n} namespaces")
+        self.rates: list[float | None] = list(rates)
+
+    @property
+    def hub(self) -> str:
+        return f"{PREFIX}{self.lab}hub"
+
+    def ns(self, i: int) -> str:
+        """The name of leaf namespace ``i``."""
+        return f"{PREFIX}{self.lab}n{i}"
+
+    def address(self, i: int) -> str:
+        """The IPv4 address of leaf ``i`` (only reachable from the other leaves)."""
+        return f"10.231.{self.lab}.{i + 1}"
+
+    def exec_argv(self, i: int, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside leaf ``i`` (prefix it to a Popen argument list)."""
+        return ["ip", "netns", "exec", self.ns(i), *argv]
+
+    def __enter__(self) -> NetLab:
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _add_ns(self, name: str) -> None:
+        _ip("netns", "del", name, check=False)
+        _ip("netns", "add", name)
+        self._made.append(name)
+        _ip("link", "set", "lo", "up", ns=name)
+
+    def _build(self) -> None:
+        self._add_ns(self.hub)
+        _ip("link", "add", "br0", "type", "bridge", ns=self.hub)
+        _ip("link", "set", "br0", "up", ns=self.hub)
+        for i in range(self.n):
+            leaf, host_end = self.ns(i), f"v{i}"
+            self._add_ns(leaf)
+            # create the pair inside the hub, then move one end into the leaf as eth0
+            _ip("link", "add", host_end, "type", "veth", "peer", "name", f"l{i}", ns=self.hub)
+            _ip("link", "set", f"l{i}", "netns", leaf, ns=self.hub)
+            _ip("link", "set", f"l{i}", "name", "eth0", ns=leaf)
+            _ip("addr", "add", f"{self.address(i)}/24", "dev", "eth0", ns=leaf)
+            _ip("link", "set", "eth0", "up", ns=leaf)
+            _ip("link", "set", host_end, "master", "br0", ns=self.hub)
+            _ip("link", "set", host_end, "up", ns=self.hub)
+            _shape(leaf, "eth0", self.rates[i], self.delay_ms, self.loss_pct)  # upload
+            _shape(self.hub, host_end, self.rates[i], self.delay_ms, self.loss_pct)  # download
+
+    def close(self) -> None:
+        """Delete every namespace made (their veths and qdiscs go with them)."""
+        while self._made:
+            _ip("netns", "del", self._made.pop(), check=False)
