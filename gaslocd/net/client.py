@@ -148,8 +148,10 @@ class PeerClient:
                 return receiver.received, reason_from_details(err.details())
             return receiver.received, None
 
+        done = False
         try:
             sent, (received, refusal) = await run_duplex(send(), receive())
+            done = True
         except Refusal as refusal_exc:
             self.stats.rejected[refusal_exc.reason] += 1
             call.cancel()
@@ -171,6 +173,8 @@ class PeerClient:
                 await receiver.close()
             if not call.done():
                 call.cancel()
+            if not done:
+                offer.buffers.append(out)  # garbage, but reusable by another partner
         self.stats.bytes_sent += sent
         self.stats.bytes_received += received
         return ExchangeResult(
