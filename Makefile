@@ -29,8 +29,13 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The main job: real daemons (real DHT, real gRPC) on 127.0.0.1 training the tiny model
+# on Python's own sources; a line per daemon per round, then a summary.
 demo: $(STAMP)
-	$(PY) -m gaslocd simulate --workers 4 --rounds 20 --inner-steps 10
+	$(PY) -m gaslocd demo --workers 3 --rounds 15 --inner-steps 10 --json runs/demo.json
+
+simulate: $(STAMP)
+	$(PY) -m gaslocd simulate --workers 8 --rounds 20 --inner-steps 10 --json runs/simulate.json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gaslocd tests bench

@@ -414,6 +414,20 @@ def _add_daemon_flags(p: argparse.ArgumentParser, d: _Settings) -> None:
         help="give up on a partner after S seconds (default: twice the expected round time)",
     )
     g.add_argument(
+        "--heartbeat",
+        type=float,
+        default=d("heartbeat", 3.0),
+        metavar="S",
+        help="seconds between refreshes of this peer's DHT record",
+    )
+    g.add_argument(
+        "--record-ttl",
+        type=float,
+        default=d("record_ttl", 15.0),
+        metavar="S",
+        help="a peer that stops refreshing its record drops out of rosters after S seconds",
+    )
+    g.add_argument(
         "--no-adapt-h",
         action="store_true",
         default=bool(d("no_adapt_h", False)),
@@ -615,6 +629,11 @@ def _add_demo(sub: argparse._SubParsersAction, d: _Settings) -> None:
     p.add_argument(
         "--metrics", action="store_true", help="serve each daemon's metrics on a free port"
     )
+    p.add_argument(
+        "--daemon-log-level",
+        default=d("daemon_log_level", "WARNING"),
+        help="logging level of the daemons (their progress lines are always shown)",
+    )
     _add_algo_flags(p, d)
     _add_training_flags(p, d)
     p.set_defaults(run=_run_demo)
@@ -657,7 +676,13 @@ def _run_demo(ns: argparse.Namespace) -> int:
         if value is not None:
             forwarded += [flag, str(value)]
     return run_demo(
-        ns.workers, ns.rounds, forwarded, json_path=ns.json, workdir=ns.workdir, metrics=ns.metrics
+        ns.workers,
+        ns.rounds,
+        forwarded,
+        json_path=ns.json,
+        workdir=ns.workdir,
+        metrics=ns.metrics,
+        log_level=ns.daemon_log_level,
     )
 
 

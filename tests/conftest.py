@@ -26,3 +26,7 @@ def reaper() -> Iterator[list[subprocess.Popen[bytes]]]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(timeout=10)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()

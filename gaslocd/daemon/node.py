@@ -147,7 +147,6 @@ class Daemon:
         try:
             await self._startup()
             started = True
-            self._spawn(self._heartbeat())
             while not self.stopping and not (
                 self.cfg.max_rounds and self.replica.round >= self.cfg.max_rounds
             ):
@@ -209,6 +208,9 @@ class Daemon:
                 active_from = max(self.replica.round, network_round) + self.cfg.join_lead_rounds
         self.active_from = active_from
         await self._publish()
+        # Heartbeats start now, not after the lobby: a record not refreshed while we wait
+        # for peers would expire and make us invisible to the very peers we wait for.
+        self._spawn(self._heartbeat())
         bootstrap = self.discovery.bootstrap_addresses()
         if self.cfg.address_file:
             path = Path(self.cfg.address_file)
@@ -221,7 +223,7 @@ class Daemon:
             f"codec {self.cfg.codec}"
         )
         self.progress(f"bootstrap address: {bootstrap[0]}")
-        if self.cfg.min_peers > 1:
+        if self.cfg.min_peers > 1 and active_from == 0:  # a run that has not started yet
             await self._lobby()
 
     async def _restore(self) -> None:
@@ -324,7 +326,10 @@ class Daemon:
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_s)
-            await self._publish()
+            try:
+                await self._publish()
+            except Exception:  # a heartbeat that dies silently would drop us from rosters
+                log.exception("heartbeat failed; retrying at the next one")
 
     # -- one round -----------------------------------------------------------------------
 
@@ -335,6 +340,7 @@ class Daemon:
         except DiscoveryError as exc:
             log.warning("roster unavailable this round, training alone: %s", exc)
             records = []
+        t = self._catch_up(t, records)
         setup = plan_this_round(
             self.algo,
             self.cfg.run_id,
@@ -374,6 +380,23 @@ class Daemon:
         )
         self._export(setup, losses, val, consensus)
         self.progress(line)
+
+    def _catch_up(self, t: int, records: list[PeerRecord]) -> int:
+        """Jump to the round active peers are in, if they are ahead of us.
+
+        Round numbers only name pairings; skipping some loses no training. Without this,
+        a peer that fell behind (a long pause, a missed roster, a restart) would ask for
+        rounds its partners have left, be refused as stale, and never pair again.
+        """
+        ahead = max(
+            (r.round for r in records if r.peer_id != self.me and r.active_from <= r.round),
+            default=t,
+        )
+        if ahead > t:
+            log.info("round %d: peers are at round %d, catching up", t, ahead)
+            with self.replica.lock:
+                self.replica.round = ahead
+        return max(t, ahead)
 
     async def _exchange(self, setup: RoundSetup) -> tuple[float | None, float, int]:
         """Gossip: stream θ̃ to this round's partners and mix what arrives."""

@@ -1,0 +1,219 @@
+"""Real daemons on 127.0.0.1 (real DHT, real gRPC, real processes): training together,
+late joining, killing, resuming, leaving, and the errors a volunteer would hit."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.daemon.procs import FAST_FLAGS, Daemon, start_first
+
+pytestmark = [pytest.mark.net, pytest.mark.slow]
+
+
+def _join(address: str, reaper: list[subprocess.Popen[bytes]], name: str, *extra: str) -> Daemon:
+    return Daemon(["join", *FAST_FLAGS, "--bootstrap", address, *extra], reaper, name)
+
+
+def test_demo_three_daemons_train_and_stay_close(tmp_path: Path) -> None:
+    out = tmp_path / "demo.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gaslocd", "demo", "--workers", "3", "--rounds", "6", "--json", str(out),
+         *FAST_FLAGS[:-8], "--inner-steps", "6"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    curve = [p["val_loss"] for p in summary["val_loss_curve"]]
+    assert len(curve) == 6
+    assert curve[-1] < curve[0] - 0.3
+    assert summary["workers_reporting"] == 3
+    consensus = [p["consensus"] for p in summary["consensus_curve"]]
+    # Relative distance of partners' θ̃ after H Adam steps: bounded well below 1 (1 would
+    # mean unrelated models) and not growing round over round.
+    assert consensus and all(math.isfinite(c) and 0 <= c < 0.8 for c in consensus)
+    assert max(consensus[-2:]) < 2 * max(consensus[:3])
+    assert all(b > 0 for b in summary["bytes_sent_per_worker"])
+    for key in ("final_val_loss", "wall_clock_s", "idle_fraction", "args"):
+        assert key in summary
+    progress = [
+        line for line in proc.stdout.splitlines() if re.match(r"\[w\d\] round +\d+ +H", line)
+    ]
+    assert len(progress) == 3 * 6  # one line per daemon per round
+
+
+def test_late_joiner_takes_the_networks_state(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    first, address = start_first(tmp_path, reaper, "--min-peers", "2")
+    second = _join(address, reaper, "w1", "--min-peers", "2")
+    fresh_loss = float(first.wait_for(r"round\s+1\s.*", 120).group(0).split("loss ")[1].split()[0])
+    network = first.wait_for(r"round\s+8\s+H\s+\d+\s+loss (\S+)", 120)
+    network_loss = float(network.group(1))
+    late = _join(address, reaper, "w2")
+    took = late.wait_for(r"took state of round (\d+)", 120)
+    assert int(took.group(1)) >= 8
+    first_round = late.wait_for(r"round\s+\d+\s+H\s+\d+\s+loss (\S+)", 60)
+    late_loss = float(first_round.group(1))
+    # A fresh model starts ~5; the newcomer starts where the network is.
+    assert abs(late_loss - network_loss) < 0.5 * abs(fresh_loss - network_loss)
+    # Once active it really exchanges with the others.
+    late.wait_for(r"exchanged 1/1", 90)
+    for d in (first, second, late):
+        d.signal(signal.SIGTERM)
+    for d in (first, second, late):
+        assert d.finish(60) == 0
+
+
+def test_sigkill_costs_the_partner_at_most_a_deadline_then_resume_continues(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    ckpt = tmp_path / "w1"
+    flags = ["--min-peers", "2", "--exchange-deadline", "5", "--checkpoint-every", "1"]
+    first, address = start_first(tmp_path, reaper, *flags, "--checkpoint-dir", str(tmp_path / "w0"))
+    second = _join(address, reaper, "w1", *flags, "--checkpoint-dir", str(ckpt))
+    second.wait_for(r"round\s+4\s.*exchanged 1/1", 120)
+    first.wait_for(r"round\s+4\s", 60)
+    second.kill()
+    # The survivor keeps going: a dead partner costs at most the 5 s deadline per round,
+    # and once its record expires (4 s) the survivor trains alone.
+    alone = first.wait_for(r"peers 1\s+exchanged 0/0", 40)
+    assert alone is not None
+    # Restart the killed daemon from its checkpoint: nothing it trained is lost.
+    saved = torch.load(ckpt / "checkpoint.pt", weights_only=True)
+    assert saved["round"] >= 4
+    assert torch.isfinite(saved["theta"]).all()
+    resumed = _join(address, reaper, "w1b", *flags, "--checkpoint-dir", str(ckpt), "--resume")
+    line = resumed.wait_for(r"resumed from .* at round (\d+)", 120)
+    assert int(line.group(1)) == saved["round"]
+    resumed.wait_for(r"exchanged 1/1", 90)
+    first.wait_for(r"peers 2\s+exchanged 1/1", 60)
+    assert all(m.group("loss") != "nan" for m in resumed.rounds())
+    for d in (first, resumed):
+        d.signal(signal.SIGTERM)
+        assert d.finish(60) == 0
+
+
+def test_sigterm_checkpoints_and_withdraws_the_record(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    flags = ["--min-peers", "2", "--record-ttl", "60", "--heartbeat", "2"]
+    first, address = start_first(tmp_path, reaper, *flags)
+    ckpt = tmp_path / "leaver"
+    leaver = _join(
+        address,
+        reaper,
+        "w1",
+        *flags,
+        "--checkpoint-dir",
+        str(ckpt),
+        "--json",
+        str(tmp_path / "l.json"),
+    )
+    leaver.wait_for(r"round\s+3\s", 120)
+    leaver.signal(signal.SIGTERM)
+    assert leaver.finish(60) == 0
+    assert any(line.startswith("stopped after") for line in leaver.lines)
+    saved = torch.load(ckpt / "checkpoint.pt", weights_only=True)
+    last = leaver.rounds()[-1]
+    assert saved["round"] == int(last.group("round"))
+    assert json.loads((tmp_path / "l.json").read_text())["kind"] == "daemon"
+    # Its record is withdrawn, not left to expire (ttl 60 s): the other sees it gone at once.
+    first.wait_for(r"peers 1\s", 20)
+    first.signal(signal.SIGTERM)
+    assert first.finish(60) == 0
+
+
+def test_status_reports_a_running_daemon(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    first, _ = start_first(tmp_path, reaper, "--token", "s3cret")
+    port = first.find(r"gRPC 127\.0\.0\.1:(\d+)").group(1)
+    first.wait_for(r"round\s+2\s", 60)
+    cmd = [sys.executable, "-m", "gaslocd", "status", f"127.0.0.1:{port}", "--json"]
+    ok = subprocess.run([*cmd, "--token", "s3cret"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    fields = json.loads(ok.stdout)
+    assert int(fields["round"]) >= 2 and fields["algo"] == "gasloc/1peer"
+    wrong = subprocess.run([*cmd, "--token", "nope"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr
+    first.signal(signal.SIGTERM)
+    assert first.finish(60) == 0
+
+
+def test_diloco_mode_keeps_replicas_identical(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    flags = ["--algo", "diloco", "--min-peers", "2", "--max-rounds", "3", "--eval-every", "1"]
+    first, address = start_first(tmp_path, reaper, *flags)
+    second = _join(address, reaper, "w1", *flags)
+    assert first.finish(180) == 0 and second.finish(60) == 0
+    vals = [[m.group("val") for m in d.rounds()] for d in (first, second)]
+    assert len(vals[0]) == 3 and vals[0] == vals[1]  # one model, averaged pseudo-gradients
+    assert all(m.group("ok") == "1" for m in first.rounds())
+
+
+# -- errors a volunteer hits -------------------------------------------------------------
+
+
+def _gaslocd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gaslocd", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_wrong_token_is_refused_with_a_clear_message(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    first, address = start_first(tmp_path, reaper, "--token", "right")
+    proc = _gaslocd("join", *FAST_FLAGS, "--bootstrap", address, "--token", "wrong")
+    assert proc.returncode == 3
+    assert "refused our join token" in proc.stderr
+    first.signal(signal.SIGTERM)
+    assert first.finish(60) == 0
+
+
+def test_bad_bootstrap_addresses_and_busy_ports_fail_fast(tmp_path: Path) -> None:
+    malformed = _gaslocd("join", *FAST_FLAGS, "--bootstrap", "not-an-address")
+    assert malformed.returncode == 2 and "bootstrap" in malformed.stderr.lower()
+    with socket.socket() as dead:
+        dead.bind(("127.0.0.1", 0))
+        port = dead.getsockname()[1]
+    unreachable = _gaslocd(
+        "join",
+        *FAST_FLAGS,
+        "--bootstrap",
+        f"/ip4/127.0.0.1/tcp/{port}/p2p/QmPFoeGGi5s2buVpaz5BaXD5cQUZr65ojUjk7wrnjjtodK",
+    )
+    assert unreachable.returncode == 3 and "cannot start" in unreachable.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = _gaslocd("start", *FAST_FLAGS[:-6], "--port", str(busy.getsockname()[1]))
+    assert taken.returncode == 3 and "--port 0" in taken.stderr
+    for proc in (malformed, unreachable, taken):
+        assert "Traceback" not in proc.stderr
+
+
+def test_checkpoint_of_another_model_is_refused(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    ckpt = tmp_path / "c"
+    first, _ = start_first(tmp_path, reaper, "--checkpoint-dir", str(ckpt), "--max-rounds", "1")
+    assert first.finish(120) == 0
+    before = (ckpt / "checkpoint.pt").read_bytes()
+    proc = _gaslocd(
+        "start", *FAST_FLAGS, "--model", "small", "--checkpoint-dir", str(ckpt), "--resume"
+    )
+    assert proc.returncode == 3
+    assert "different model" in proc.stderr
+    assert (ckpt / "checkpoint.pt").read_bytes() == before  # nothing overwritten
