@@ -508,12 +508,28 @@ def _daemon_configs(
     return daemon, wire
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _run_daemon(ns: argparse.Namespace) -> int:
     import torch
 
     from gaslocd.daemon.node import EXIT_STARTUP, Daemon, StartupError
 
     torch.set_num_threads(ns.threads)
+    if not ns.token and not _is_loopback(ns.host):
+        raise ValueError(
+            f"listening on {ns.host} without --token would let anyone who reaches this port "
+            "send parameters into the run: set --token (or GASLOCD_TOKEN) on every peer"
+        )
     bootstrap = tuple(ns.bootstrap or ()) if ns.command == "join" else ()
     daemon_cfg, wire = _daemon_configs(ns, bootstrap)
     daemon = Daemon(

@@ -82,6 +82,7 @@ class Daemon:
         self._signals = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._main: asyncio.Task[Any] | None = None
+        self._buffers: list[torch.Tensor] = []
 
     # -- entry point ---------------------------------------------------------------------
 
@@ -412,6 +413,7 @@ class Daemon:
             codec=self.cfg.codec,
             feedback=self.feedback,
             roster_digest=setup.digest,
+            receive_buffers=self._receive_buffers(len(setup.partners)),
         )
         began = time.monotonic()
         outcomes = await self.server.exchange_round(setup.round, setup.deadline_s)
@@ -419,7 +421,12 @@ class Daemon:
         received: dict[str, torch.Tensor] = {}
         transfer = 0.0
         for peer, outcome in outcomes.items():
-            if isinstance(outcome, ExchangeResult):
+            if isinstance(outcome, ExchangeResult) and outcome.peer_refusal is not None:
+                # We got θ̃_j but j refused ours: mixing it would make this round's W
+                # one-sided (not doubly stochastic), so neither side uses the exchange.
+                log.info("round %d: %s refused our θ̃ (%s)", setup.round, peer, outcome.peer_refusal)
+                self.metrics.count_failure("one-sided")
+            elif isinstance(outcome, ExchangeResult):
                 received[peer] = outcome.theta
                 self.links.record_transfer(peer, outcome.transfer_s, outcome.bytes_received)
                 transfer = max(transfer, outcome.transfer_s)
@@ -436,6 +443,13 @@ class Daemon:
             self.replica.outer_update, row, received, self.me, self.algo.outer
         )
         return (consensus if received else None), max(0.0, elapsed - transfer), len(received)
+
+    def _receive_buffers(self, n: int) -> list[torch.Tensor]:
+        """Model-sized float32 buffers for partners' θ̃, reused across rounds (one per
+        partner): allocating fresh ones every round costs more than the copy itself."""
+        while len(self._buffers) < n:
+            self._buffers.append(torch.empty(self.replica.numel, dtype=torch.float32))
+        return self._buffers[:n]
 
     async def _allreduce(self, setup: RoundSetup) -> tuple[float | None, float, int]:
         """DiLoCo: all-reduce the pseudo-gradient Δ = θ − θ̃ through hivemind's averager."""
