@@ -26,11 +26,14 @@ def _join(address: str, reaper: list[subprocess.Popen[bytes]], name: str, *extra
 
 def test_demo_three_daemons_train_and_stay_close(tmp_path: Path) -> None:
     out = tmp_path / "demo.json"
+    demo = ["demo", "--workers", "3", "--rounds", "6", "--json", str(out)]
+    training = [*FAST_FLAGS[:-8], "--inner-steps", "6"]  # the demo picks ports and heartbeats
     proc = subprocess.run(
-        [sys.executable, "-m", "gaslocd", "demo", "--workers", "3", "--rounds", "6", "--json", str(out),
-         *FAST_FLAGS[:-8], "--inner-steps", "6"],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [sys.executable, "-m", "gaslocd", *demo, *training],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(out.read_text())
     curve = [p["val_loss"] for p in summary["val_loss_curve"]]
