@@ -377,8 +377,9 @@ def _add_daemon_flags(p: argparse.ArgumentParser, d: _Settings) -> None:
     g.add_argument(
         "--announce",
         default=d("announce", None),
-        metavar="HOST",
-        help="host that other peers should dial, when it differs from --host (NAT, port mapping)",
+        metavar="HOST[:PORT]",
+        help="address other peers should dial when it differs from --host:--port (NAT, a "
+        "port mapping); the DHT is announced on HOST at --dht-port, which must then be fixed",
     )
     g.add_argument(
         "--token",

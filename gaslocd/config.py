@@ -284,7 +284,7 @@ class DaemonConfig:
     host: str = "127.0.0.1"
     port: int = 7070  # gRPC; 0 picks a free port
     dht_port: int = 0
-    announce: str | None = None
+    announce: str | None = None  # HOST or HOST:PORT (a port mapping changes the port too)
     bootstrap: tuple[str, ...] = ()
     codec: str = "fp16"
     checkpoint_dir: str | None = None
@@ -302,6 +302,18 @@ class DaemonConfig:
     join_lead_rounds: int = 2
     summary_json: str | None = None
     shutdown_grace_s: float = 30.0
+
+    @property
+    def announce_host(self) -> str | None:
+        """The host part of ``announce`` (what the DHT advertises)."""
+        return None if self.announce is None else self.announce.rpartition(":")[0] or self.announce
+
+    def grpc_address(self, bound_port: int) -> str:
+        """The gRPC "host:port" other peers dial: the announced one if given."""
+        if self.announce is None:
+            return f"{self.host}:{bound_port}"
+        host, sep, port = self.announce.rpartition(":")
+        return self.announce if sep and port.isdigit() else f"{self.announce}:{bound_port}"
 
     def __post_init__(self) -> None:
         _check(

@@ -97,7 +97,7 @@ class Daemon:
             initial_peers=self.cfg.bootstrap,
             host=self.cfg.host,
             dht_port=self.cfg.dht_port,
-            announce_host=self.cfg.announce,
+            announce_host=self.cfg.announce_host,
             record_ttl_s=self.cfg.record_ttl_s,
         )
         self.allreduce: HivemindAllReduce | None = None
@@ -148,6 +148,7 @@ class Daemon:
         try:
             await self._startup()
             started = True
+            self.runlog.start_clock()  # idle fraction counts from the first round
             while not self.stopping and not (
                 self.cfg.max_rounds and self.replica.round >= self.cfg.max_rounds
             ):
@@ -190,7 +191,7 @@ class Daemon:
                 f"cannot listen on {self.cfg.host}:{self.cfg.port} ({exc}); "
                 "is another daemon using that port? pass --port 0 for a free one"
             ) from exc
-        self.address = f"{self.cfg.announce or self.cfg.host}:{port}"
+        self.address = self.cfg.grpc_address(port)
         self.server.set_state_provider(self._state_for_newcomer)
         self.server.set_status_provider(self._status_fields)
         if self.cfg.metrics_port is not None:

@@ -30,6 +30,9 @@ class RunLog:
     last_val_loss: float | None = None
     last_roster_size: int = 0
 
+    def start_clock(self) -> None:
+        self._began = time.monotonic()
+
     def elapsed_s(self) -> float:
         return time.monotonic() - self._began
 
