@@ -312,7 +312,7 @@ class DaemonConfig:
         """The gRPC "host:port" other peers dial: the announced one if given."""
         if self.announce is None:
             return f"{self.host}:{bound_port}"
-        host, sep, port = self.announce.rpartition(":")
+        _host, sep, port = self.announce.rpartition(":")
         return self.announce if sep and port.isdigit() else f"{self.announce}:{bound_port}"
 
     def __post_init__(self) -> None:
