@@ -4,12 +4,25 @@ Counters that the wire already keeps (bytes, refusals, failures by reason) are r
 :class:`~gaslocd.net.validation.WireStats` at scrape time by a collector, rather than
 mirrored into prometheus counters, so the two can never disagree. Each daemon has its
 own registry, so several can live in one test process.
+
+Conventions (https://prometheus.io/docs/practices/naming/): base units in the name
+(``_seconds``, ``_bytes``), ``_total`` on counters, ``_ratio`` on 0..1 gauges. A gauge
+whose value is not known yet (a loss before the first round) reads NaN, not 0: a 0 loss
+or 0 consensus distance would be a plausible and wrong number on a dashboard.
+
+Label values are bounded: ``reason`` comes from a fixed vocabulary in the wire code, but
+a peer's refusal carries its own reason string, so anything unexpected is folded into
+``other`` and the number of distinct reasons is capped (a hostile peer must not be able
+to blow up the scrape). The reasons an operator alerts on are exported from the start
+at 0, so ``rate()`` and ``increase()`` have a series to work on before the first failure.
 """
 
 from __future__ import annotations
 
+import math
 import platform
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -32,6 +45,23 @@ from gaslocd.net.validation import WireStats
 # over a thin link): buckets span that range on a roughly x2.5 scale.
 EXCHANGE_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 150, 300, 600)
 
+# Failure reasons present from the first scrape (value 0): the ones the alert rules and
+# the dashboard name. Others appear when they first happen.
+KNOWN_FAILURES = ("deadline", "unavailable", "peer-gone", "stream-broken", "allreduce")
+MAX_REASONS = 64  # distinct label values per counter; the rest are counted as "other"
+_REASON_RE = re.compile(r"[a-z0-9][a-z0-9_:-]{0,47}")
+
+
+def _bounded(counts: Iterable[tuple[str, int]], known: Iterable[str] = ()) -> dict[str, int]:
+    """Reason -> count with unexpected or excess reasons folded into ``other``."""
+    out = dict.fromkeys(known, 0)
+    for reason, n in sorted(counts):
+        label = reason if _REASON_RE.fullmatch(reason) else "other"
+        if label not in out and len(out) >= MAX_REASONS:
+            label = "other"
+        out[label] = out.get(label, 0) + n
+    return out
+
 
 class _WireCollector(Collector):
     def __init__(self, stats: WireStats, totals: DaemonMetrics) -> None:
@@ -39,57 +69,79 @@ class _WireCollector(Collector):
         self.totals = totals
 
     def collect(self) -> Iterator[Metric]:
-        s = self.stats
-        sent = CounterMetricFamily("gasloc_bytes_sent", "Encoded bytes sent to peers", unit="")
+        s, t = self.stats, self.totals
+        sent = CounterMetricFamily("gasloc_bytes_sent", "Encoded bytes sent to peers")
         sent.add_metric([], s.bytes_sent)
         received = CounterMetricFamily("gasloc_bytes_received", "Encoded bytes received from peers")
         received.add_metric([], s.bytes_received)
+        ok = CounterMetricFamily(
+            "gasloc_exchanges_succeeded",
+            "Partner exchanges of a round that delivered the partner's parameters",
+        )
+        ok.add_metric([], s.exchanges_ok)
         failures = CounterMetricFamily(
             "gasloc_exchange_failures",
             "Partner exchanges of a round that gave no usable parameters, by reason",
             labels=["reason"],
         )
-        for reason, n in sorted(s.failures.items()):
-            failures.add_metric([reason], n)
-        for reason, n in sorted(self.totals.extra_failures.items()):
+        counts = [*s.failures.items(), *t.extra_failures.items()]
+        for reason, n in _bounded(counts, KNOWN_FAILURES).items():
             failures.add_metric([reason], n)
         rejected = CounterMetricFamily(
             "gasloc_rejected_messages",
             "Incoming messages refused by a check, by reason",
             labels=["reason"],
         )
-        for reason, n in sorted(s.rejected.items()):
+        for reason, n in _bounded(s.rejected.items()).items():
             rejected.add_metric([reason], n)
-        idle = CounterMetricFamily("gasloc_idle_seconds", "Seconds spent waiting for partners")
-        idle.add_metric([], self.totals.idle_seconds)
+        idle = CounterMetricFamily(
+            "gasloc_idle_seconds",
+            "Seconds spent waiting for partners (rate() of it is the idle fraction)",
+        )
+        idle.add_metric([], t.idle_seconds)
         tokens = CounterMetricFamily("gasloc_tokens", "Tokens trained on by this daemon")
-        tokens.add_metric([], self.totals.tokens)
-        yield from (sent, received, failures, rejected, idle, tokens)
+        tokens.add_metric([], t.tokens)
+        rounds = CounterMetricFamily(
+            "gasloc_rounds", "Outer rounds this process completed (not reset by catch-up jumps)"
+        )
+        rounds.add_metric([], t.rounds)
+        yield from (sent, received, ok, failures, rejected, idle, tokens, rounds)
 
 
 class DaemonMetrics:
     """The daemon's gauges and histogram, plus totals read by the scrape-time collector."""
 
-    def __init__(self, stats: WireStats, *, peer_id: str = "", run_id: str = "") -> None:
+    def __init__(
+        self,
+        stats: WireStats,
+        *,
+        peer_id: str = "",
+        run_id: str = "",
+        settings: Mapping[str, str] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self._httpd: WSGIServer | None = None
         r = self.registry
+        # What an operator asks next: CPU, memory, open files, GC pauses, Python version.
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
         self.idle_seconds = 0.0
         self.tokens = 0
+        self.rounds = 0
         self.extra_failures: dict[str, int] = {}
         r.register(_WireCollector(stats, self))
         Info("gasloc_build", "gaslocd build and run identity", registry=r).info(
             {
                 "version": __version__,
                 "python": platform.python_version(),
+                "torch": _torch_version(),
                 "run_id": run_id,
-                "peer_id": peer_id,
+                "peer_id": peer_id,  # one series per daemon, like `instance`; not per partner
+                **dict(settings or {}),
             }
         )
-        self.round = Gauge("gasloc_round", "Outer rounds completed", registry=r)
+        self.round = Gauge("gasloc_round", "Current outer round number", registry=r)
         self.inner_steps = Gauge(
             "gasloc_inner_steps", "Local steps H of the last round", registry=r
         )
@@ -97,27 +149,32 @@ class DaemonMetrics:
             "gasloc_train_loss", "Mean training loss of the last round", registry=r
         )
         self.val_loss = Gauge(
-            "gasloc_val_loss", "Validation loss on the held-out split", registry=r
+            "gasloc_val_loss", "Validation loss on the held-out split (last evaluation)", registry=r
         )
         self.consensus = Gauge(
             "gasloc_consensus_distance",
-            "RMS of own minus partners' post-local parameters, relative to own norm",
+            "RMS of own minus partners' post-local parameters, relative to own norm "
+            "(last round that exchanged)",
             registry=r,
         )
         self.peers = Gauge(
             "gasloc_peers", "Peers in this round's roster (self included)", registry=r
         )
-        self.partners = Gauge("gasloc_partners", "Partners this round (0: sat out)", registry=r)
+        self.partners = Gauge(
+            "gasloc_partners", "Partners this round (0: sat out this round)", registry=r
+        )
         self.step_seconds = Gauge(
-            "gasloc_step_seconds", "Measured seconds per inner step", registry=r
+            "gasloc_inner_step_seconds", "Measured seconds per inner step", registry=r
         )
         self.bandwidth = Gauge(
             "gasloc_link_bandwidth_bytes_per_second",
-            "Measured bandwidth of this peer's links (median)",
+            "Measured bandwidth of this peer's links (median over partners)",
             registry=r,
         )
-        self.idle_fraction = Gauge(
-            "gasloc_idle_fraction", "Share of elapsed time spent waiting for partners", registry=r
+        self.idle_ratio = Gauge(
+            "gasloc_idle_ratio",
+            "Share of elapsed time spent waiting for partners since start",
+            registry=r,
         )
         self.exchange_seconds = Histogram(
             "gasloc_exchange_seconds",
@@ -125,6 +182,15 @@ class DaemonMetrics:
             buckets=EXCHANGE_BUCKETS_S,
             registry=r,
         )
+        for unknown in (
+            self.train_loss,
+            self.val_loss,
+            self.consensus,
+            self.step_seconds,
+            self.bandwidth,
+            self.idle_ratio,
+        ):
+            unknown.set(math.nan)
 
     def count_failure(self, reason: str) -> None:
         """Failures outside the gRPC wire (the DiLoCo all-reduce)."""
@@ -141,3 +207,14 @@ class DaemonMetrics:
         if httpd is not None:
             httpd.shutdown()
             httpd.server_close()
+
+
+def _torch_version() -> str:
+    import torch  # already imported by the daemon; kept local so this module stays light
+
+    return str(torch.__version__)
+
+
+def metric_names(registry: CollectorRegistry) -> set[str]:
+    """Every sample name ``registry`` exposes (``x_total``, ``x_bucket``, ... included)."""
+    return {s.name for family in registry.collect() for s in family.samples}

@@ -127,7 +127,17 @@ class Daemon:
             self.feedback = (
                 None if self.codec.lossless else ErrorFeedback(self.codec, self.replica.numel)
             )
-            self.metrics = DaemonMetrics(self.stats, peer_id=self.me, run_id=self.cfg.run_id)
+            self.metrics = DaemonMetrics(
+                self.stats,
+                peer_id=self.me,
+                run_id=self.cfg.run_id,
+                settings={
+                    "algo": self.algo.algo,
+                    "topology": self.algo.topology,
+                    "codec": self.cfg.codec,
+                    "model": self.train.model,
+                },
+            )
             self.runlog = RunLog(self.me)
             return uvloop.run(self._main_coroutine())
         finally:
@@ -223,6 +233,7 @@ class Daemon:
             f"model {self.train.model} {self.replica.numel:,} params, "
             f"{self.algo.algo}/{self.algo.topology} "
             f"codec {self.cfg.codec}"
+            + (f" metrics :{self.metrics_port}" if self.cfg.metrics_port is not None else "")
         )
         self.progress(f"bootstrap address: {bootstrap[0]}")
         if self.cfg.min_peers > 1 and active_from == 0:  # a run that has not started yet
@@ -476,6 +487,7 @@ class Daemon:
         self, setup: RoundSetup, losses: list[float], val: float | None, consensus: float | None
     ) -> None:
         m = self.metrics
+        m.rounds += 1
         m.round.set(self.replica.round)
         m.inner_steps.set(setup.inner_steps)
         m.peers.set(setup.roster_size)
@@ -488,8 +500,9 @@ class Daemon:
             m.consensus.set(consensus)
         if self.links.step_time_s is not None:
             m.step_seconds.set(self.links.step_time_s)
-        m.bandwidth.set(self.links.own_bandwidth())
-        m.idle_fraction.set(self.runlog.idle_fraction())
+        if self.links.bandwidth:
+            m.bandwidth.set(self.links.own_bandwidth())
+        m.idle_ratio.set(self.runlog.idle_fraction())
 
     # -- state for others, status, checkpoints ---------------------------------------------
 
