@@ -45,9 +45,10 @@ from gaslocd.net.validation import WireStats
 # over a thin link): buckets span that range on a roughly x2.5 scale.
 EXCHANGE_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 150, 300, 600)
 
-# Failure reasons present from the first scrape (value 0): the ones the alert rules and
-# the dashboard name. Others appear when they first happen.
+# Reasons present from the first scrape (value 0): the common ones, so that dashboards and
+# alert rules have a series before anything went wrong. Others appear when they happen.
 KNOWN_FAILURES = ("deadline", "unavailable", "peer-gone", "stream-broken", "allreduce")
+KNOWN_REJECTS = ("token-missing", "token-wrong", "wrong-run", "fingerprint", "non-finite")
 MAX_REASONS = 64  # distinct label values per counter; the rest are counted as "other"
 _REASON_RE = re.compile(r"[a-z0-9][a-z0-9_:-]{0,47}")
 
@@ -92,7 +93,7 @@ class _WireCollector(Collector):
             "Incoming messages refused by a check, by reason",
             labels=["reason"],
         )
-        for reason, n in _bounded(s.rejected.items()).items():
+        for reason, n in _bounded(s.rejected.items(), KNOWN_REJECTS).items():
             rejected.add_metric([reason], n)
         idle = CounterMetricFamily(
             "gasloc_idle_seconds",
