@@ -1,0 +1,365 @@
+"""Hostile input against a live daemon's gRPC port (issue 7): the cases and how to send them.
+
+A :class:`Target` is one running daemon ("the acceptor") that we attack while it trains
+with a real partner. The cases are drawn by hypothesis (:func:`cases`); every one of them
+is wrong in at least one way, so every one must be refused:
+
+- ``bytes``: random bytes as an Exchange message (one or several), or as a GetState /
+  Status request;
+- ``header``: a well-formed Exchange header with one or more fields wrong (token missing
+  or wrong, another run, another model, a stale / far-future / absurd round, a sender that
+  is not the partner, unknown codec, wrong sizes, a zero or huge chunk size, a foreign
+  roster digest), followed by nothing or by data;
+- ``data``: a *correct* header that impersonates the acceptor's real partner in its next
+  round (an insider holding the token), followed by bad data: NaN, inf, huge values, a
+  θ̃ far from ours, too few bytes (truncated), too many (oversize), a chunk of the wrong
+  size, garbage where data belongs, or a second header.
+
+:func:`flood` opens many connections at once (idle calls, garbage calls, raw TCP sockets
+that write random bytes that are not even HTTP/2). Run ``python -m tests.faults.fuzz --help``
+for the long version against daemons it starts itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import torch
+from hypothesis import strategies as st
+
+from gaslocd.net.client import EXCHANGE, GET_STATE, STATUS
+from gaslocd.net.codecs import chunk_spans, get_codec
+from gaslocd.net.frames import frame_data, frame_header, parse_chunk
+from gaslocd.net.proto import peer_pb2 as pb
+from gaslocd.net.validation import reason_from_details
+
+CHUNK = 64 * 1024
+CALL_TIMEOUT_S = 75.0  # > accept_wait_s (60): a case waiting for a round that never opens
+# (the daemon trains alone that round) gets the daemon's own "timeout" refusal, not ours
+_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an insider knows about the daemon under attack (all of it is public but the token)."""
+
+    address: str  # host:port of its gRPC server
+    run_id: str
+    token: str
+    fingerprint: str
+    numel: int
+    partner: str  # the peer id of its real partner, which dials it (partner < acceptor)
+
+
+@dataclass
+class Verdict:
+    """What the daemon answered: the refusal reason it named, or why there is none."""
+
+    case: str
+    code: grpc.StatusCode
+    reason: str  # a validation reason, or "other"
+    details: str
+
+    @property
+    def refused(self) -> bool:
+        return self.code != grpc.StatusCode.OK
+
+
+@dataclass
+class Tally:
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    def by_reason(self) -> Counter[str]:
+        return Counter(v.reason for v in self.verdicts if v.reason != "other")
+
+
+# -- the cases ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str  # "bytes", "header", "data"
+    method: str = EXCHANGE
+    messages: tuple[bytes, ...] = ()
+    request: bytes = b""  # unary request of GetState / Status
+    header_faults: tuple[str, ...] = ()
+    data_fault: str = ""
+    round_offset: int = 1  # relative to the round the daemon's Status reports
+    seed: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "bytes":
+            return f"bytes->{self.method.rsplit('/', 1)[-1]}"
+        return f"{self.kind}:{'+'.join(self.header_faults) or '-'}:{self.data_fault or '-'}"
+
+
+HEADER_FAULTS = (
+    "token-missing", "token-wrong", "wrong-run", "fingerprint", "stale-round",
+    "future-round", "absurd-round", "not-a-partner", "impostor-self", "unknown-codec",
+    "numel", "encoded-nbytes", "chunk-zero", "chunk-huge", "roster-digest",
+)  # fmt: skip
+DATA_FAULTS = (
+    "nan", "inf", "huge", "far", "truncated", "nothing", "oversize", "chunk-size",
+    "garbage", "second-header", "empty-message",
+)  # fmt: skip
+
+
+def cases() -> st.SearchStrategy[Case]:
+    random_messages = st.lists(st.binary(min_size=0, max_size=2048), min_size=1, max_size=4)
+    raw = st.one_of(
+        random_messages.map(lambda m: Case("bytes", EXCHANGE, messages=tuple(m))),
+        st.binary(max_size=512).map(lambda b: Case("bytes", GET_STATE, request=b)),
+        st.binary(max_size=512).map(lambda b: Case("bytes", STATUS, request=b)),
+    )
+    header = st.builds(
+        lambda faults, data, seed: Case(
+            "header", header_faults=tuple(sorted(faults)), data_fault=data, seed=seed
+        ),
+        st.sets(st.sampled_from(HEADER_FAULTS), min_size=1, max_size=3),
+        st.sampled_from(("", "garbage", "nan")),
+        st.integers(0, 2**31),
+    )
+    data = st.builds(
+        lambda fault, seed: Case("data", data_fault=fault, seed=seed),
+        st.sampled_from(DATA_FAULTS),
+        st.integers(0, 2**31),
+    )
+    return st.one_of(raw, header, data)
+
+
+def _header(target: Target, round_: int, faults: tuple[str, ...], rng: random.Random) -> bytes:
+    codec = get_codec("fp32")
+    fields: dict[str, object] = {
+        "run_id": target.run_id,
+        "round": round_,
+        "sender": target.partner,
+        "fingerprint": target.fingerprint,
+        "codec": "fp32",
+        "numel": target.numel,
+        "encoded_nbytes": codec.encoded_nbytes(target.numel),
+        "chunk_bytes": CHUNK,
+        "token": target.token.encode(),
+    }
+    for fault in faults:
+        if fault == "token-missing":
+            fields["token"] = b""
+        elif fault == "token-wrong":
+            fields["token"] = rng.randbytes(rng.randint(1, 40))
+        elif fault == "wrong-run":
+            fields["run_id"] = target.run_id + "-other"
+        elif fault == "fingerprint":
+            fields["fingerprint"] = "f" * rng.randint(0, 80)
+        elif fault == "stale-round":
+            fields["round"] = max(0, round_ - rng.randint(3, 50))
+        elif fault == "future-round":
+            fields["round"] = round_ + rng.randint(3, 50)
+        elif fault == "absurd-round":
+            fields["round"] = 2**64 - 1
+        elif fault == "not-a-partner":
+            fields["sender"] = "zz-" + rng.randbytes(8).hex()
+        elif fault == "impostor-self":
+            fields["sender"] = ""
+        elif fault == "unknown-codec":
+            fields["codec"] = rng.choice(["fp8", "", "FP32", "pickle", "x" * 300])
+        elif fault == "numel":
+            fields["numel"] = target.numel + rng.choice([-1, 1, target.numel, 2**40])
+        elif fault == "encoded-nbytes":
+            fields["encoded_nbytes"] = rng.choice([0, 1, 2**63])
+        elif fault == "chunk-zero":
+            fields["chunk_bytes"] = 0
+        elif fault == "chunk-huge":
+            fields["chunk_bytes"] = 2**32 - 1
+        elif fault == "roster-digest":
+            fields["roster_digest"] = rng.randbytes(32)
+    return frame_header(pb.ExchangeHeader(**fields))  # type: ignore[arg-type]
+
+
+def _data(target: Target, fault: str, rng: random.Random) -> list[bytes]:
+    """Data messages for ``fault``: the right count and sizes unless the fault is the size."""
+    codec = get_codec("fp32")
+    spans = list(chunk_spans(codec, target.numel, CHUNK))
+    theta = torch.zeros(target.numel)
+    if fault == "nan":
+        theta[rng.randrange(target.numel)] = float("nan")
+    elif fault == "inf":
+        theta[rng.randrange(target.numel)] = float("-inf") if rng.random() < 0.5 else float("inf")
+    elif fault == "huge":
+        theta.fill_(3e38)
+    elif fault == "far":
+        theta.normal_(0.0, 1e3, generator=torch.Generator().manual_seed(rng.randrange(2**31)))
+    raw = codec.encode(theta).numpy()
+    chunks = [frame_data(raw[b0:b1].tobytes()) for _, _, b0, b1 in spans]
+    if fault == "truncated":
+        return chunks[: rng.randrange(len(chunks))] + (
+            [frame_data(raw[:7].tobytes())] if rng.random() < 0.5 else []
+        )
+    if fault == "nothing":
+        return []
+    if fault == "oversize":
+        return [*chunks, frame_data(b"\0" * CHUNK)]
+    if fault == "chunk-size":
+        return [frame_data(raw[: CHUNK + 4].tobytes()), *chunks[1:]]
+    if fault == "garbage":
+        return [rng.randbytes(rng.randint(1, 4096)) for _ in range(rng.randint(1, 3))]
+    if fault == "second-header":
+        return [frame_header(pb.ExchangeHeader(run_id=target.run_id)), *chunks]
+    if fault == "empty-message":
+        return [b"", *chunks]
+    return chunks
+
+
+def messages_for(case: Case, target: Target, round_: int) -> list[bytes]:
+    rng = random.Random(case.seed)
+    if case.kind == "bytes":
+        return list(case.messages)
+    head = _header(target, round_ + case.round_offset, case.header_faults, rng)
+    return [head, *(_data(target, case.data_fault, rng) if case.data_fault else [])]
+
+
+# -- sending ------------------------------------------------------------------------------
+
+
+def _channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(
+        address, options=[("grpc.max_receive_message_length", 64 << 20)]
+    )
+
+
+async def daemon_round(address: str, run_id: str, token: str, timeout_s: float = 10.0) -> int:
+    """The round the daemon has last opened for exchanges (Status)."""
+    async with _channel(address) as chan:
+        req = pb.StatusRequest(run_id=run_id, token=token.encode()).SerializeToString()
+        reply = await chan.unary_unary(STATUS)(req, timeout=timeout_s)
+        return int(pb.StatusReply.FromString(reply).round)
+
+
+async def _exchange(chan: grpc.aio.Channel, messages: list[bytes]) -> tuple[grpc.StatusCode, str]:
+    call = chan.stream_stream(EXCHANGE)(timeout=CALL_TIMEOUT_S)
+
+    async def send() -> None:
+        with contextlib.suppress(Exception):
+            for m in messages:
+                await call.write(m)
+            await call.done_writing()
+
+    sender = asyncio.ensure_future(send())
+    in_band: tuple[grpc.StatusCode, str] | None = None
+    error: grpc.aio.AioRpcError | None = None
+    try:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                break
+            with contextlib.suppress(Exception):
+                parsed = parse_chunk(bytes(msg))
+                if parsed.refusal is not None:
+                    r = parsed.refusal
+                    in_band = (
+                        _BY_VALUE.get(r.code, grpc.StatusCode.UNKNOWN),
+                        r.reason + ": " + r.detail,
+                    )
+    except grpc.aio.AioRpcError as exc:
+        error = exc
+    finally:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+    if in_band is not None:  # the acceptor's own verdict (see peer.proto, Refusal)
+        return in_band
+    if error is not None:
+        return error.code(), error.details() or ""
+    return await call.code(), await call.details() or ""
+
+
+async def send_case(case: Case, target: Target, round_: int) -> Verdict:
+    async with _channel(target.address) as chan:
+        if case.method == EXCHANGE:
+            code, details = await _exchange(chan, messages_for(case, target, round_))
+        else:
+            try:
+                stream = case.method == GET_STATE
+                call = (chan.unary_stream if stream else chan.unary_unary)(case.method)
+                if stream:
+                    async for _ in call(case.request, timeout=CALL_TIMEOUT_S):  # type: ignore[union-attr]
+                        pass
+                else:
+                    await call(case.request, timeout=CALL_TIMEOUT_S)  # type: ignore[misc]
+                code, details = grpc.StatusCode.OK, ""
+            except grpc.aio.AioRpcError as exc:
+                code, details = exc.code(), exc.details() or ""
+    return Verdict(case.describe(), code, reason_from_details(details), details)
+
+
+# -- floods -------------------------------------------------------------------------------
+
+
+async def _garbage_socket(host: str, port: int, rng: random.Random, hold_s: float) -> None:
+    with contextlib.suppress(OSError, asyncio.TimeoutError):
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5.0)
+        try:
+            writer.write(rng.randbytes(rng.randint(1, 65536)))
+            await asyncio.wait_for(writer.drain(), 5.0)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(reader.read(1 << 16), hold_s)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 2.0)
+
+
+async def _idle_call(address: str, hold_s: float, garbage: bytes | None) -> grpc.StatusCode:
+    """An Exchange call that sends nothing (or one garbage message) and holds the stream."""
+    async with _channel(address) as chan:
+        call = chan.stream_stream(EXCHANGE)(timeout=hold_s)
+        if garbage is not None:
+            with contextlib.suppress(Exception):
+                await call.write(garbage)
+        try:
+            while await call.read() is not grpc.aio.EOF:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        return await call.code()
+
+
+async def flood(address: str, connections: int, hold_s: float, seed: int = 0) -> Counter[str]:
+    """``connections`` hostile connections at once, a third of each kind; status counts."""
+    rng = random.Random(seed)
+    host, port = address.rsplit(":", 1)
+    jobs: list[asyncio.Future[object]] = []
+    for i in range(connections):
+        kind = i % 3
+        if kind == 0:
+            jobs.append(asyncio.ensure_future(_garbage_socket(host, int(port), rng, hold_s)))
+        else:
+            junk = rng.randbytes(rng.randint(1, 1024)) if kind == 2 else None
+            jobs.append(asyncio.ensure_future(_idle_call(address, hold_s, junk)))
+    results = await asyncio.gather(*jobs, return_exceptions=True)
+    return Counter(r.name if isinstance(r, grpc.StatusCode) else type(r).__name__ for r in results)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process and its children started in its session (Linux)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(entry) == pid or int(stat[1]) == pid:  # itself or a direct child
+                pages = int(Path(f"/proc/{entry}/statm").read_text().split()[1])
+                total += pages * os.sysconf("SC_PAGE_SIZE")
+    return total
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,160 @@
+"""Hostile input against a live, training daemon (issue 7): refused, counted, harmless.
+
+Two real daemons train together with a join token; the test attacks the one that accepts
+its partner's calls with hypothesis-drawn bad messages (see :mod:`tests.faults.fuzz`),
+then with floods of connections. It asserts that every message was refused with a status
+other than OK, that the daemon counted each refusal under the reason it gave, that it
+kept training and exchanging with its real partner, that its memory stayed bounded, and
+that its parameters are finite at the end. ``GASLOCD_FUZZ_EXAMPLES`` makes it longer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from tests.daemon.procs import FAST_FLAGS, Daemon, start_first
+from tests.faults.fuzz import (
+    Case,
+    Tally,
+    Target,
+    cases,
+    daemon_round,
+    flood,
+    free_port,
+    rss_bytes,
+    send_case,
+)
+
+pytestmark = [pytest.mark.net, pytest.mark.slow]
+
+EXAMPLES = int(os.environ.get("GASLOCD_FUZZ_EXAMPLES", "40"))
+TOKEN = "fuzz-s3cret"
+# Statuses that are no refusal by *our* code but by gRPC itself, before a handler runs.
+GRPC_CORE_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED}
+
+
+def _rejected(metrics_port: int) -> Counter[str]:
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    found = re.findall(r'gasloc_rejected_messages_total\{reason="([^"]+)"\} (\S+)', text)
+    return Counter({reason: int(float(n)) for reason, n in found})
+
+
+def _wait_checkpoint(path: Path, timeout_s: float) -> dict[str, object]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return torch.load(path, weights_only=True)  # type: ignore[no-any-return]
+        except (OSError, RuntimeError, EOFError):
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)  # polling for a file, bounded by the deadline above
+
+
+def test_fuzzed_daemon_refuses_counts_and_keeps_training(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    ports = [free_port(), free_port()]
+    common = ["--min-peers", "2", "--token", TOKEN, "--checkpoint-every", "1"]
+    common += ["--exchange-deadline", "8"]
+    first, address = start_first(
+        tmp_path, reaper, *common, "--checkpoint-dir", str(tmp_path / "c0"),
+        "--metrics-port", str(ports[0]),
+    )  # fmt: skip
+    second = Daemon(
+        ["join", *FAST_FLAGS, "--bootstrap", address, *common,
+         "--checkpoint-dir", str(tmp_path / "c1"), "--metrics-port", str(ports[1])],
+        reaper, "w1",
+    )  # fmt: skip
+    second.wait_for(r"round\s+2\s.*exchanged 1/1", 180)
+    daemons = [first, second]
+    ids = [d.find(r"peer (\S+) run (\S+) gRPC (\S+)") for d in daemons]
+    # The smaller id dials; the other accepts, so its partner's slot is the one to steal.
+    acc = max(range(2), key=lambda i: ids[i].group(1))
+    victim, partner = daemons[acc], ids[1 - acc].group(1)
+    saved = _wait_checkpoint(tmp_path / f"c{acc}" / "checkpoint.pt", 60)
+    theta = saved["theta"]
+    assert isinstance(theta, torch.Tensor)
+    target = Target(
+        address=ids[acc].group(3),
+        run_id=ids[acc].group(2),
+        token=TOKEN,
+        fingerprint=str(saved["fingerprint"]),
+        numel=theta.numel(),
+        partner=partner,
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        round_before = loop.run_until_complete(daemon_round(target.address, target.run_id, TOKEN))
+        rejected_before = _rejected(ports[acc])
+        rss_before = rss_bytes(victim.proc.pid)
+        tally = Tally()
+
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(cases())
+        def attack(case: Case) -> None:
+            now = loop.run_until_complete(daemon_round(target.address, target.run_id, TOKEN))
+            verdict = loop.run_until_complete(send_case(case, target, now))
+            tally.verdicts.append(verdict)
+            assert verdict.refused, f"{case.describe()} was accepted"
+            # Refused by our checks with a named reason, or by gRPC before any handler.
+            assert verdict.reason != "other" or verdict.code in GRPC_CORE_REFUSALS, verdict
+
+        attack()
+        floods = [loop.run_until_complete(flood(target.address, 90, 3.0, seed)) for seed in (1, 2)]
+        rss_after_first = rss_bytes(victim.proc.pid)
+        loop.run_until_complete(flood(target.address, 90, 3.0, 3))
+        rss_after = rss_bytes(victim.proc.pid)
+        round_after = loop.run_until_complete(daemon_round(target.address, target.run_id, TOKEN))
+    finally:
+        loop.close()
+
+    print("verdicts by case:", Counter(v.case for v in tally.verdicts).most_common())
+    print("verdicts by reason:", Counter(f"{v.code.name}/{v.reason}" for v in tally.verdicts))
+    print("floods:", floods, "rss MiB", rss_before >> 20, rss_after_first >> 20, rss_after >> 20)
+    assert len(tally.verdicts) == EXAMPLES
+    kinds = Counter(v.case.split(":")[0] for v in tally.verdicts)
+    assert kinds["data"] > 0 and kinds["header"] > 0, kinds
+    # Every refusal is counted under its reason (the real partner may add refusals too:
+    # a slot we stole is refused to it as "duplicate").
+    counted = _rejected(ports[acc]) - rejected_before
+    for reason, n in tally.by_reason().items():
+        assert counted[reason] >= n, (reason, n, counted)
+    assert sum(floods[0].values()) == 90
+    # It kept training through all that, and still exchanges with its real partner.
+    assert victim.proc.poll() is None
+    assert round_after > round_before
+    victim.wait_for(r"exchanged 1/1", 120)
+    # Bounded memory: the floods and bad messages leave no lasting growth.
+    assert rss_after - rss_before < 300 << 20, (rss_before, rss_after)
+    assert rss_after - rss_after_first < 100 << 20, (rss_after_first, rss_after)
+    for d in daemons:
+        d.signal(signal.SIGTERM)
+    for i, d in enumerate(daemons):
+        assert d.finish(90) == 0
+        final = torch.load(tmp_path / f"c{i}" / "checkpoint.pt", weights_only=True)
+        assert torch.isfinite(final["theta"]).all()
+        assert torch.isfinite(final["outer_momentum"]).all()
+        # (the last line may be the round SIGTERM stopped before its first step: no loss)
+        losses = [m.group("loss") for m in d.rounds()][:-1]
+        assert losses and all(x != "nan" and math.isfinite(float(x)) for x in losses)
