@@ -176,3 +176,7 @@ class NetLab:
         """Delete every namespace made (their veths and qdiscs go with them)."""
         while self._made:
             _ip("netns", "del", self._made.pop(), check=False)
+
+    def set_link(self, i: int, *, up: bool) -> None:
+        """Cut (``up=False``) or restore leaf ``i``'s access link: a partition and its heal."""
+        _ip("link", "set", "eth0", "up" if up else "down", ns=self.ns(i))
