@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from gaslocd.config import AlgoConfig, DaemonConfig, TrainConfig, WireConfig
 from gaslocd.daemon.metrics import DaemonMetrics
 from gaslocd.daemon.replica import Replica, checkpoint_worker_index, worker_index_for
 from gaslocd.daemon.report import RunLog
-from gaslocd.daemon.rounds import LinkEstimates, RoundSetup, plan_this_round
+from gaslocd.daemon.rounds import FIRST_DEADLINE_S, LinkEstimates, RoundSetup, plan_this_round
 from gaslocd.daemon.worker import TrainingThread
 from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
 from gaslocd.net.codecs import ErrorFeedback, get_codec
@@ -51,6 +52,14 @@ from gaslocd.train.model import count_parameters
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_STARTUP = 0, 3
+# A peer waits before running more than MAX_LEAD_ROUNDS ahead of the slowest active peer
+# it sees, and jumps forward only when others are at least CATCH_UP_ROUNDS ahead: the gap
+# between the two keeps normal jitter (a partner one round ahead, waiting for us) from
+# ever skipping a round.
+MAX_LEAD_ROUNDS = 1
+CATCH_UP_ROUNDS = 2
+RESYNC_ROUNDS = 5  # a resumed checkpoint further behind the network takes the network's θ
+RESUME_LOOKAROUND_S = 10.0  # how long a resumed daemon looks for peers before going alone
 
 
 class StartupError(RuntimeError):
@@ -83,6 +92,7 @@ class Daemon:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._main: asyncio.Task[Any] | None = None
         self._buffers: list[torch.Tensor] = []
+        self._others_seen_at = -math.inf  # when the roster last held another peer
 
     # -- entry point ---------------------------------------------------------------------
 
@@ -252,8 +262,20 @@ class Daemon:
         return [r for r in records if r.peer_id != self.me]
 
     async def _join_network(self) -> int | None:
-        """Find live peers; a newcomer takes the most advanced one's state (GetState)."""
-        deadline = time.monotonic() + self.cfg.min_peers_timeout_s
+        """Find live peers; a newcomer takes the most advanced one's state (GetState).
+
+        A resumed daemon keeps its own θ unless its checkpoint is more than
+        ``RESYNC_ROUNDS`` behind the network: then its θ is far from everyone's (peers
+        would refuse it by the norm bound for good), and the network's θ, which already
+        holds what this peer contributed before it stopped, is the better start. Its
+        AdamW state and data position still come from the checkpoint.
+        """
+        wait_s = (
+            min(self.cfg.min_peers_timeout_s, RESUME_LOOKAROUND_S)
+            if self.cfg.resume
+            else self.cfg.min_peers_timeout_s
+        )
+        deadline = time.monotonic() + wait_s
         others: list[PeerRecord] = []
         while not others:
             if self.stopping or time.monotonic() > deadline:
@@ -261,7 +283,7 @@ class Daemon:
                     return None  # resume alone
                 raise StartupError(
                     f"no peer of run {self.cfg.run_id!r} with this model answered within "
-                    f"{self.cfg.min_peers_timeout_s:g} s (check --bootstrap, --run-id and --model)"
+                    f"{wait_s:g} s (check --bootstrap, --run-id and --model)"
                 )
             with contextlib.suppress(DiscoveryError):
                 others = await self._others()
@@ -269,8 +291,17 @@ class Daemon:
                 await asyncio.sleep(0.25)  # polling the DHT, bounded by the deadline above
         network_round = max(r.round for r in others)
         if self.cfg.resume:
-            self.replica.round = max(self.replica.round, network_round)
-            return network_round
+            lag = network_round - self.replica.round
+            if lag <= RESYNC_ROUNDS:
+                self.replica.round = max(self.replica.round, network_round)
+                return network_round
+            self.progress(
+                f"checkpoint is {lag} rounds behind the network: taking its θ and outer "
+                "momentum (AdamW state and data position kept from the checkpoint)"
+            )
+        return await self._fetch_state(others)
+
+    async def _fetch_state(self, others: list[PeerRecord]) -> int:
         expected = {"theta": self.replica.numel, "outer_momentum": self.replica.numel}
         errors = []
         for record in sorted(others, key=lambda r: -r.round):
@@ -353,7 +384,11 @@ class Daemon:
         except DiscoveryError as exc:
             log.warning("roster unavailable this round, training alone: %s", exc)
             records = []
+        if any(r.peer_id != self.me for r in records):
+            self._others_seen_at = time.monotonic()
         t = self._catch_up(t, records)
+        records = await self._pace(t, records)
+        self._spawn(self._publish())  # peers pace and catch up on our current round
         setup = plan_this_round(
             self.algo,
             self.cfg.run_id,
@@ -377,6 +412,8 @@ class Daemon:
         else:
             consensus, idle_s, ok = await self._exchange(setup)
         exchange_s = time.monotonic() - exchange_began
+        if not setup.partners and time.monotonic() - self._others_seen_at < self.cfg.record_ttl_s:
+            await self._pace_solo_round(setup, began)
         self.metrics.exchange_seconds.observe(exchange_s)
         val = None
         due = self.cfg.eval_every and (self.replica.round % self.cfg.eval_every == 0)
@@ -405,11 +442,46 @@ class Daemon:
             (r.round for r in records if r.peer_id != self.me and r.active_from <= r.round),
             default=t,
         )
-        if ahead > t:
-            log.info("round %d: peers are at round %d, catching up", t, ahead)
-            with self.replica.lock:
-                self.replica.round = ahead
-        return max(t, ahead)
+        if ahead < t + CATCH_UP_ROUNDS:
+            return t
+        log.info("round %d: peers are at round %d, catching up", t, ahead)
+        with self.replica.lock:
+            self.replica.round = ahead
+        return ahead
+
+    async def _pace_solo_round(self, setup: RoundSetup, began: float) -> None:
+        """A round without partners (sitting out, or alone in a transient roster) still
+        takes the target round time T when others exist: otherwise it would run rounds
+        back to back and leave the network behind, as a round's pairing needs everyone
+        at the same round."""
+        if setup.target_round_s is None:
+            return
+        remaining = setup.target_round_s - (time.monotonic() - began)
+        if remaining > 0:
+            await asyncio.sleep(min(remaining, setup.target_round_s))
+
+    async def _pace(self, t: int, records: list[PeerRecord]) -> list[PeerRecord]:
+        """Wait (bounded) while an active peer is more than ``MAX_LEAD_ROUNDS`` behind us.
+
+        The counterpart of :meth:`_catch_up`. A peer whose partners fail fast (refused as
+        stale or future, or gone) would otherwise run rounds alone as fast as it can and
+        leave the others behind for good; with both rules the rounds of live peers stay
+        within a couple of each other. A peer that never catches up (dead, partitioned)
+        costs at most one deadline here, then its record expires.
+        """
+        deadline = time.monotonic() + (self.cfg.exchange_deadline_s or FIRST_DEADLINE_S)
+        while not self.stopping and time.monotonic() < deadline:
+            behind = [
+                r
+                for r in records
+                if r.peer_id != self.me and r.active_from <= r.round < t - MAX_LEAD_ROUNDS
+            ]
+            if not behind:
+                break
+            await asyncio.sleep(0.1)  # polling the DHT, bounded by the deadline above
+            with contextlib.suppress(DiscoveryError):
+                records = await self.discovery.roster(self.replica.fingerprint)
+        return records
 
     async def _exchange(self, setup: RoundSetup) -> tuple[float | None, float, int]:
         """Gossip: stream θ̃ to this round's partners and mix what arrives."""

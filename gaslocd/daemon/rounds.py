@@ -59,6 +59,7 @@ class RoundSetup:
     deadline_s: float
     digest: bytes
     roster_size: int
+    target_round_s: float | None = None  # T of DESIGN §1; None before step times are known
 
 
 def active_roster(records: Sequence[PeerRecord], round_: int, me: str) -> list[PeerRecord]:
@@ -127,4 +128,5 @@ def plan_this_round(
         deadline_s=deadline,
         digest=bytes.fromhex(roster_digest(ids)),
         roster_size=len(ids),
+        target_round_s=target,
     )
