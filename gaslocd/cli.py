@@ -11,11 +11,10 @@ import argparse
 import logging
 import os
 import sys
+import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from gaslocd import __version__
 from gaslocd.config import (
@@ -563,7 +562,7 @@ def _add_start_join(sub: argparse._SubParsersAction, d: _Settings) -> None:
     join.add_argument(
         "--bootstrap",
         action="append",
-        default=d("bootstrap", None),
+        default=_address_list(d("bootstrap", None)),
         metavar="ADDR",
         help="bootstrap address printed by 'gaslocd start' (any live peer's; repeatable)",
     )
@@ -572,6 +571,17 @@ def _add_start_join(sub: argparse._SubParsersAction, d: _Settings) -> None:
         _add_training_flags(p, d)
         _add_daemon_flags(p, d)
         p.set_defaults(run=_run_daemon)
+
+
+def _address_list(value: object) -> list[str] | None:
+    """Bootstrap addresses from the environment or a config file: a list, or one string
+    with addresses separated by commas or spaces (``action="append"`` would otherwise
+    extend a string default character by character)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [a for a in value.replace(",", " ").split() if a]
+    return [str(a) for a in value]  # type: ignore[attr-defined]
 
 
 def _add_status(sub: argparse._SubParsersAction, d: _Settings) -> None:

@@ -50,3 +50,13 @@ def test_broken_toml_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     bad.write_text("inner-steps = = 3\n")
     assert main(["--config", str(bad), "start"]) == 2
     assert "not valid TOML" in capsys.readouterr().err
+
+
+def test_bootstrap_from_the_environment_is_a_list_of_addresses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "GASLOCD_BOOTSTRAP", "/ip4/10.0.0.1/tcp/1/p2p/Qm1, /ip4/10.0.0.2/tcp/1/p2p/Qm2"
+    )
+    ns = _parse(["join"])
+    assert ns.bootstrap == ["/ip4/10.0.0.1/tcp/1/p2p/Qm1", "/ip4/10.0.0.2/tcp/1/p2p/Qm2"]

@@ -214,7 +214,7 @@ class HivemindAllReduce:
                     self._run(averager, self._generation, round, tensor, deadline),
                     max(0.0, deadline - time.monotonic()),
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._generation += 1  # a worker thread still starting this step must stop
                 raise AllReduceFailed(f"round {round}: no average within {timeout_s:g} s") from None
 

@@ -375,7 +375,7 @@ class Discovery:
     async def _bounded(self, future: Awaitable[T], what: str) -> T:
         try:
             return await asyncio.wait_for(future, self._timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise DiscoveryError(
                 f"DHT {what} did not finish within {self._timeout_s:g} s"
             ) from None

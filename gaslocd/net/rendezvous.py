@@ -165,7 +165,7 @@ class RoundBoard:
             changed = self._changed
             try:
                 await asyncio.wait_for(changed.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue  # re-check, then refuse with "timeout" above
 
     def _claim_in(self, offer: RoundOffer, sender: str) -> RoundOffer:

@@ -227,7 +227,7 @@ class ExchangeServer:
         except Refusal as refusal:
             await self._refuse(context, refusal, in_band=True)
             return
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._refuse(context, Refusal("timeout", "no header"), in_band=True)
             return
         sender = header.sender
