@@ -30,7 +30,7 @@ def _name(cn: str) -> x509.Name:
 
 def make_pki(directory: Path) -> dict[str, Path]:
     """A throwaway CA and one leaf cert for 127.0.0.1 (shared by both test peers)."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
         x509.CertificateBuilder()
