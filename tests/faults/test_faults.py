@@ -8,7 +8,6 @@ the loss it had (nothing trained is lost), and no parameter is ever non-finite.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -67,12 +66,6 @@ def test_bootstrap_dies_survivors_train_and_a_newcomer_joins_through_a_live_peer
     _stop_all([w1, w2, newcomer])
 
 
-@pytest.mark.skipif(
-    os.environ.get("GASLOCD_FAULTS_KNOWN_BUGS") != "1",
-    reason="known bug, see bench/results/network.md: after a SIGKILL + --resume the "
-    "restarted daemon can stay out of step (exchanged 0/1 every round, round jumps of 2-3 "
-    "from catch-up); set GASLOCD_FAULTS_KNOWN_BUGS=1 to run it",
-)
 def test_random_sigkills_with_resume_lose_nothing(
     tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
 ) -> None:
