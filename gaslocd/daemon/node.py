@@ -59,6 +59,7 @@ EXIT_OK, EXIT_STARTUP = 0, 3
 MAX_LEAD_ROUNDS = 1
 CATCH_UP_ROUNDS = 2
 RESYNC_ROUNDS = 5  # a resumed checkpoint further behind the network takes the network's θ
+RESYNC_AFTER_FAILED_ROUNDS = 3  # then take a live peer's state (a healed partition)
 RESUME_LOOKAROUND_S = 10.0  # how long a resumed daemon looks for peers before going alone
 
 
@@ -93,6 +94,7 @@ class Daemon:
         self._main: asyncio.Task[Any] | None = None
         self._buffers: list[torch.Tensor] = []
         self._others_seen_at = -math.inf  # when the roster last held another peer
+        self._failed_rounds = 0  # consecutive rounds with partners and no exchange
 
     # -- entry point ---------------------------------------------------------------------
 
@@ -317,9 +319,10 @@ class Daemon:
             except Exception as exc:  # a refused or malformed state: try another peer
                 errors.append(f"{record.address}: {exc}")
                 continue
+            # Never step back: the wire refuses to reopen a round it already served.
             await self.worker.call(
                 self.replica.adopt,
-                state.round,
+                max(state.round, self.replica.round),
                 state.tensors["theta"],
                 state.tensors["outer_momentum"],
             )
@@ -411,6 +414,7 @@ class Daemon:
             consensus, idle_s, ok = await self._allreduce(setup)
         else:
             consensus, idle_s, ok = await self._exchange(setup)
+            await self._resync_if_cut_off(setup, ok, records)
         exchange_s = time.monotonic() - exchange_began
         if not setup.partners and time.monotonic() - self._others_seen_at < self.cfg.record_ttl_s:
             await self._pace_solo_round(setup, began)
@@ -448,6 +452,38 @@ class Daemon:
         with self.replica.lock:
             self.replica.round = ahead
         return ahead
+
+    async def _resync_if_cut_off(
+        self, setup: RoundSetup, ok: int, records: list[PeerRecord]
+    ) -> None:
+        """After RESYNC_AFTER_FAILED_ROUNDS rounds in a row with partners but no exchange,
+        take a live peer's state (GetState), keeping our AdamW state and data position.
+
+        This is how a peer comes back after a partition: while cut off it trained alone,
+        and once its θ is further from its partners' than their norm bound allows, every
+        exchange is refused for good; gossip alone cannot pull it back.
+        """
+        if not setup.partners or ok:
+            self._failed_rounds = 0
+            return
+        self._failed_rounds += 1
+        if self._failed_rounds < RESYNC_AFTER_FAILED_ROUNDS:
+            return
+        others = [r for r in records if r.peer_id != self.me]
+        if not others:
+            return
+        self._failed_rounds = 0
+        try:
+            round_ = await self._fetch_state(others)
+        except StartupError as exc:  # nobody answered: keep training, try again later
+            log.warning("could not resynchronize: %s", exc)
+            return
+        self.metrics.count_failure("resync")
+        log.warning(
+            "no exchange succeeded for %d rounds: took the state of round %d",
+            RESYNC_AFTER_FAILED_ROUNDS,
+            round_,
+        )
 
     async def _pace_solo_round(self, setup: RoundSetup, began: float) -> None:
         """A round without partners (sitting out, or alone in a transient roster) still

@@ -100,8 +100,10 @@ def test_random_sigkills_with_resume_lose_nothing(
         assert int(line.group(1)) == lost_round  # exactly what the checkpoint holds
         addresses[victim] = resumed.wait_for(r"bootstrap address: (\S+)", 60).group(1)
         first_after = resumed.wait_for(r"round\s+\d+\s+H\s+\d+\s+loss (\S+)", 120)
-        # Nothing trained is lost: it goes on near its old loss, not from a fresh model (~5+).
-        assert abs(float(first_after.group(1)) - loss_before) < 0.75
+        # Nothing trained is lost: it goes on at or below its old loss (a checkpoint far
+        # behind the network takes the network's θ, which is further along), never from
+        # a fresh model (~5+).
+        assert float(first_after.group(1)) < loss_before + 0.75
         resumed.wait_for(r"exchanged 1/1", 120)
         daemons[victim] = resumed
     for d in daemons:
