@@ -210,6 +210,7 @@ def aggregate(
                 )
         for point in s.get("consensus_curve", []):
             cons_by_round.setdefault(point["round"], []).append(point["consensus"])
+    # Rounds every daemon evaluated (one that caught up may have skipped a round number).
     complete = sorted(r for r, pts in val_by_round.items() if len(pts) == len(runs))
     val_curve = [
         {

@@ -37,7 +37,7 @@ def test_demo_three_daemons_train_and_stay_close(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(out.read_text())
     curve = [p["val_loss"] for p in summary["val_loss_curve"]]
-    assert len(curve) == 6
+    assert len(curve) >= 4
     assert curve[-1] < curve[0] - 0.3
     assert summary["workers_reporting"] == 3
     consensus = [p["consensus"] for p in summary["consensus_curve"]]
@@ -50,7 +50,9 @@ def test_demo_three_daemons_train_and_stay_close(tmp_path: Path) -> None:
     progress = [
         line for line in proc.stdout.splitlines() if re.match(r"\[w\d\] round +\d+ +H", line)
     ]
-    assert len(progress) == 3 * 6  # one line per daemon per round
+    # One line per daemon per round it ran; a daemon that fell two rounds behind jumps
+    # ahead (round numbers only name pairings), so a round may be skipped now and then.
+    assert 3 * 6 - 3 <= len(progress) <= 3 * 6
 
 
 def test_late_joiner_takes_the_networks_state(
