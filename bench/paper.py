@@ -33,7 +33,17 @@ from paperlib.report import Meta, record_invocation, write_report
 from paperlib.tables import best_h1_outer
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("h1", "main", "straggler", "outer", "h_sweep", "codec")
+SECTIONS = (
+    "h1",
+    "main",
+    "long",
+    "straggler",
+    "straggler_long",
+    "outer",
+    "h_sweep",
+    "diagnose",
+    "codec",
+)
 
 
 def paths(mode: Mode, out: Path | None) -> tuple[Path, Path, Path]:

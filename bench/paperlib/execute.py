@@ -53,13 +53,13 @@ def configs(
     )
     sim = SimConfig(
         workers=spec.workers,
-        rounds=budget.rounds(spec.inner_steps),
+        rounds=budget.rounds(spec.inner_steps, spec.budget_scale),
         codec=spec.codec,
         bandwidth_mbps=network.bandwidth_mbps,
         latency_ms=network.latency_ms,
         step_time_s=network.step_time_s,
         stragglers=() if spec.straggler is None else (Straggler(0, spec.straggler),),
-        eval_every=budget.eval_every(spec.inner_steps),
+        eval_every=budget.eval_every(spec.inner_steps, spec.budget_scale),
         message_bytes=network.message_bytes,
     )
     return algo, train, sim

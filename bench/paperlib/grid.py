@@ -33,11 +33,11 @@ class Budget:
     def tokens_per_worker(self) -> int:
         return self.steps_per_worker * self.batch_size * self.seq_len
 
-    def rounds(self, inner_steps: int) -> int:
-        return max(1, self.steps_per_worker // inner_steps)
+    def rounds(self, inner_steps: int, scale: int = 1) -> int:
+        return max(1, scale * self.steps_per_worker // inner_steps)
 
-    def eval_every(self, inner_steps: int) -> int:
-        return max(1, self.rounds(inner_steps) // self.evals_per_run)
+    def eval_every(self, inner_steps: int, scale: int = 1) -> int:
+        return max(1, self.rounds(inner_steps, scale) // self.evals_per_run)
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class RunSpec:
     adapt_h: bool = False
     straggler: float | None = None
     policy: str = "design"  # "design": DESIGN §1's H rule; "deadline": the proposal in policy.py
+    budget_scale: int = 1  # × the mode's steps per worker (a longer horizon, same H)
 
     def __post_init__(self) -> None:
         if self.policy not in ("design", "deadline"):
@@ -100,6 +101,11 @@ class RunSpec:
         return name
 
     @property
+    def label(self) -> str:
+        """The method's name, and the horizon when it is not the mode's budget."""
+        return self.method + ("" if self.budget_scale == 1 else f" ({self.budget_scale}× rounds)")
+
+    @property
     def key(self) -> str:
         """File-name-safe identity: two specs with the same key are the same run."""
         lr, mom = self.outer
@@ -117,10 +123,15 @@ class RunSpec:
             parts.append("adapt" if self.policy == "design" else "deadline")
         if self.straggler is not None:
             parts.append(f"strag{self.straggler:g}")
+        if self.budget_scale != 1:
+            parts.append(f"x{self.budget_scale}")
         return "_".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.budget_scale == 1:
+            del d["budget_scale"]  # the files of runs from before the field existed still match
+        return d
 
 
 def _gasloc(topology: str, h: int, n: int, seed: int, **kw: Any) -> RunSpec:
@@ -144,6 +155,7 @@ class Mode:
     single_seed_workers: tuple[int, ...]  # counts run with the first seed only (time)
     h_main: int
     h_sweep: tuple[int, ...]
+    long_scale: int  # the "long" section: the H=h_main comparison with this × the budget
     outer_lrs: tuple[float, ...]
     outer_momenta: tuple[float, ...]
     codecs: tuple[str, ...]
@@ -191,6 +203,13 @@ class Mode:
             straggler.append(
                 _gasloc("1peer", h, n8, s0, adapt_h=True, straggler=f, policy="deadline")
             )
+        # The same with a longer horizon (seed 0): fixed-H runs come from "long", re-timed.
+        straggler_long = [
+            _gasloc("1peer", h, n8, s0, adapt_h=True, straggler=f, policy=policy, budget_scale=x)
+            for f in self.straggler_fractions
+            for policy in ("design", "deadline")
+            for x in (self.long_scale,)
+        ]
         outer = [
             make(h, n8, s0, outer_lr=lr, outer_momentum=mom)
             for make in (lambda *a, **k: _gasloc("1peer", *a, **k), _diloco)
@@ -199,18 +218,44 @@ class Mode:
         ]
         h_sweep = [
             make(hh, n8, s0)
-            for make in (lambda *a, **k: _gasloc("1peer", *a, **k), _diloco)
+            for make in (
+                lambda *a, **k: _gasloc("1peer", *a, **k),
+                _diloco,
+                lambda *a, **k: RunSpec("local-dadam", "2peer", *a, **k),
+            )
             for hh in self.h_sweep
         ]
+        # Does the ranking at H=h_main change with more rounds? (16 rounds is short for an
+        # outer momentum of 0.9, whose memory is ~10 rounds.)
+        long = [
+            spec
+            for spec in main
+            if spec.workers == n8 and spec.seed == s0 and spec.method != "Local-DAdam-1peer"
+        ]
+        long = [replace(spec, budget_scale=self.long_scale) for spec in long]
         codec = [_gasloc("1peer", h, n8, s0, codec=c) for c in self.codecs]
+        # Why does GASLoC-1peer get worse with more, shorter rounds (small H)? Suspects: its
+        # outer momentum also accumulates the consensus gap θ_i − θ_j, which points at a new
+        # random partner every round (a fixed ring keeps it coherent, 2peer averages two),
+        # or the outer setting itself (a smaller μ; DiLoCo's own H sweep tells which).
+        h_low = min(self.h_sweep)
+        diagnose = [
+            _gasloc("ring", h_low, n8, s0),
+            _gasloc("2peer", h_low, n8, s0),
+            _gasloc("1peer", h_low, n8, s0, outer_lr=0.5, outer_momentum=0.5),
+            RunSpec("local-dadam", "1peer", h_low, n8, s0),
+        ]
         self.sections.update(
             h1_tune=h1_tune,
             h1=h1,
             main=main,
+            long=long,
             straggler=straggler,
+            straggler_long=straggler_long,
             outer=outer,
             h_sweep=h_sweep,
             codec=codec,
+            diagnose=diagnose,
         )
 
     def tuned_h1(self, outer: tuple[float, float]) -> list[RunSpec]:
@@ -253,6 +298,7 @@ FULL = Mode(
     single_seed_workers=(32,),
     h_main=30,
     h_sweep=(5, 10, 30, 60),
+    long_scale=2,
     outer_lrs=(0.4, 0.7, 1.0),
     outer_momenta=(0.7, 0.9),
     codecs=("fp32", "fp16", "bf16", "int8"),

