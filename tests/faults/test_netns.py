@@ -103,8 +103,11 @@ def test_partition_then_heal_consensus_falls_back(
     for _ in range(6):
         cut.wait_for(r"exchanged 1/1", 120)
     after = _consensus(cut, after=healed_round - 1)
-    # Right after the heal it is far from its partners; a few exchanges pull it back.
-    assert after[0] > 1.5 * baseline, (baseline, after)
+    resynced = any("took state of round" in line for line in cut.lines)
+    # Right after the heal it is either far from its partners (gossip pulls it back over
+    # a few exchanges) or, when its θ fell outside the partners' norm bound, it took a
+    # live peer's state; either way its consensus distance ends back near the baseline.
+    assert resynced or after[0] > 1.5 * baseline, (baseline, after)
     assert min(after[-3:]) < 1.5 * baseline, (baseline, after)
     for d in daemons:
         assert all(m.group("loss") != "nan" for m in d.rounds()[:-1])
