@@ -118,11 +118,6 @@ class Replica:
             self.theta_start = self.flat.clone()
             self.round += 1
 
-    def skip_outer_step(self) -> None:
-        """No usable average this round (DiLoCo's all-reduce failed): keep θ̃ as the local step
-        would have, i.e. an outer step with W = I."""
-        self.outer_update({"self": 1.0}, {}, "self", OuterConfig(lr=1.0, momentum=0.0))
-
     def evaluate(self) -> float:
         return self.trainer.evaluate(self.eval_batches)
 
