@@ -60,6 +60,7 @@ MAX_LEAD_ROUNDS = 1
 CATCH_UP_ROUNDS = 2
 RESYNC_ROUNDS = 5  # a resumed checkpoint further behind the network takes the network's θ
 RESYNC_AFTER_FAILED_ROUNDS = 3  # then take a live peer's state (a healed partition)
+READY_TIMEOUT_S = 5.0  # a Ready notice is tiny; a partner that does not take it is gone
 RESUME_LOOKAROUND_S = 10.0  # how long a resumed daemon looks for peers before going alone
 
 
@@ -121,6 +122,7 @@ class Daemon:
                     prefix=f"{self.cfg.run_id}-diloco",
                     numel=numel,
                     target_group_size=max(2, self.cfg.min_peers),
+                    codec=self.cfg.codec,
                 )
                 self.allreduce.start()
         except (DiscoveryError, AllReduceFailed) as exc:
@@ -409,7 +411,10 @@ class Daemon:
         )
         if self.replica.trainer.last_step_s is not None and losses:
             self.links.record_step_time(self.replica.trainer.last_step_s)
+        if self.algo.algo != "diloco" and self.algo.adapt_h and setup.partners:
+            losses += await self._fill_wait(setup, len(losses))
         exchange_began = time.monotonic()
+        compute_s = exchange_began - began
         if self.algo.algo == "diloco":
             consensus, idle_s, ok = await self._allreduce(setup)
         else:
@@ -430,10 +435,53 @@ class Daemon:
         self.metrics.tokens += tokens
         self.metrics.idle_seconds += idle_s
         line = self.runlog.add(
-            setup, losses, val, consensus, idle_s, time.monotonic() - began, tokens, ok, self.stats
+            setup,
+            losses,
+            val,
+            consensus,
+            idle_s,
+            time.monotonic() - began,
+            tokens,
+            ok,
+            self.stats,
+            compute_s=compute_s,
+            exchange_s=exchange_s,
         )
         self._export(setup, losses, val, consensus)
         self.progress(line)
+
+    async def _fill_wait(self, setup: RoundSetup, done: int) -> list[float]:
+        """Tell this round's partners we are ready, and train on until they are too.
+
+        H is chosen from estimates, and on shared or busy machines a partner can start or
+        step later than expected; rather than idle until its θ̃ arrives, the peer that
+        finished first keeps taking steps (up to H_max, and for at most one more target
+        round) until every partner's Ready notice is in. The exchange then starts at most
+        one step after the last partner is ready, and no one waits with a GPU idle.
+        """
+        for address in setup.partners.values():
+            self._spawn(self._notify_ready(address, setup.round))
+        partners = list(setup.partners)
+        room = self.algo.h_upper - done
+        if room <= 0 or self.server.partners_ready(setup.round, partners):
+            return []
+        limit = time.monotonic() + (setup.target_round_s or 0.0)
+        stop = self.worker.should_stop
+
+        def enough() -> bool:
+            return (
+                stop()
+                or self.server.partners_ready(setup.round, partners)
+                or time.monotonic() >= limit
+            )
+
+        return await self.worker.call(self.replica.trainer.train_steps, room, enough)
+
+    async def _notify_ready(self, address: str, round_: int) -> None:
+        try:
+            await self.server.client.notify_ready(address, round_, READY_TIMEOUT_S)
+        except Exception as exc:  # the exchange itself reports an unreachable partner
+            log.debug("round %d: Ready notice to %s failed: %s", round_, address, exc)
 
     def _catch_up(self, t: int, records: list[PeerRecord]) -> int:
         """Jump to the round active peers are in, if they are ahead of us.
@@ -589,7 +637,10 @@ class Daemon:
             self.metrics.count_failure("allreduce")
             average, group = delta, 1
         await self.worker.call(self.replica.outer_update_from_average, average, self.algo.outer)
-        return None, 0.0 if group > 1 else time.monotonic() - began, group - 1
+        # Idle: the wait for the group to form (everyone waits for the last arrival at the
+        # barrier); with no group, the whole failed attempt.
+        idle = self.allreduce.last_group_wait_s if group > 1 else time.monotonic() - began
+        return None, idle, group - 1
 
     def _export(
         self, setup: RoundSetup, losses: list[float], val: float | None, consensus: float | None

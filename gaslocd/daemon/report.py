@@ -51,6 +51,8 @@ class RunLog:
         tokens: int,
         exchanged: int,
         stats: WireStats,
+        compute_s: float = 0.0,
+        exchange_s: float = 0.0,
     ) -> str:
         """Record a finished round; returns its progress line."""
         self.idle_s += idle_s
@@ -69,6 +71,8 @@ class RunLog:
                 "val_loss": val,
                 "consensus": consensus,
                 "idle_s": idle_s,
+                "compute_s": compute_s,  # the H inner steps
+                "exchange_s": exchange_s,  # exchange or all-reduce, waiting included
                 "partners": len(setup.partners),
                 "exchanged": exchanged,
                 "bytes_sent": stats.bytes_sent,

@@ -30,7 +30,14 @@ from typing import Any
 import torch
 from hivemind import DHT
 from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.control import AveragingStage
 from hivemind.averaging.group_info import GroupInfo
+from hivemind.compression import (
+    CompressionBase,
+    Float16Compression,
+    NoCompression,
+    Uniform8BitQuantization,
+)
 
 from gaslocd.net.discovery import Discovery, scratch_event_loop, stop_process, watch_parent
 
@@ -38,6 +45,22 @@ logger = logging.getLogger(__name__)
 
 _ROUND_BITS = 32  # rounds are told apart modulo 2**32 in the group key
 _LIVENESS_PERIOD_S = 0.5  # how often a waiting call checks that the averager still lives
+_STAGE_PERIOD_S = 0.02  # how often it looks whether the group has formed (idle accounting)
+
+
+def compression_for(codec: str) -> CompressionBase:
+    """hivemind's wire compression closest to a gossip codec, so that DiLoCo and GASLoC
+    runs compared in a benchmark move the same bytes per value (hivemind has no bfloat16:
+    ``bf16`` maps to float16, the same size)."""
+    table: dict[str, CompressionBase] = {
+        "fp32": NoCompression(),
+        "fp16": Float16Compression(),
+        "bf16": Float16Compression(),
+        "int8": Uniform8BitQuantization(),
+    }
+    if codec not in table:
+        raise ValueError(f"no all-reduce compression for codec {codec!r}")
+    return table[codec]
 
 
 class AllReduceFailed(RuntimeError):
@@ -97,6 +120,7 @@ class HivemindAllReduce:
         next_chunk_timeout_s: float = 5.0,
         allreduce_timeout_s: float = 60.0,
         start_timeout_s: float = 30.0,
+        codec: str = "fp32",
     ) -> None:
         if not prefix or "." in prefix or not prefix.isprintable():
             raise ValueError(f"averager prefix must be printable, non-empty, no '.': {prefix!r}")
@@ -121,6 +145,7 @@ class HivemindAllReduce:
                 f"request timeout ({request_timeout_s} s) must be shorter than the matchmaking "
                 f"time ({matchmaking_time_s} s): hivemind can deadlock otherwise"
             )
+        self._compression = compression_for(codec)
         self._source = discovery_or_dht
         self.prefix, self.numel = prefix, numel
         self._target_group_size, self._min_group_size = target_group_size, min_group_size
@@ -133,6 +158,9 @@ class HivemindAllReduce:
         self._lock = asyncio.Lock()
         self._generation = 0  # bumped per call, so a stale worker thread never touches data
         self._pending: Any = None  # the StepControl of a call that timed out
+        # Seconds the latest successful call waited for its group to form: at DiLoCo's
+        # barrier, the time spent waiting for the last peer to arrive (its idle time).
+        self.last_group_wait_s = 0.0
 
     def start(self) -> None:
         """Fork the averager process (blocks until it is ready); main thread only."""
@@ -158,6 +186,7 @@ class HivemindAllReduce:
                 next_chunk_timeout=self._next_chunk_timeout_s,
                 sender_timeout=self._next_chunk_timeout_s,
                 reducer_timeout=2 * self._next_chunk_timeout_s,
+                compression=self._compression,
                 allow_state_sharing=False,  # newcomers fetch state over gRPC (DESIGN §3)
                 shutdown_timeout=5,
             )
@@ -229,11 +258,19 @@ class HivemindAllReduce:
         flat = tensor.detach().reshape(-1).to(torch.float32, copy=False)
         step = await asyncio.to_thread(self._begin, averager, generation, round, flat, deadline)
         waiter = asyncio.wrap_future(step)
+        began = time.monotonic()
+        grouped_at: float | None = None
+        last_check = began
         try:
-            while not (await asyncio.wait({waiter}, timeout=_LIVENESS_PERIOD_S))[0]:
-                if not averager.is_alive():  # a dead child never answers: do not wait it out
-                    waiter.cancel()
-                    raise AllReduceFailed(f"round {round}: the averager process died")
+            while not (await asyncio.wait({waiter}, timeout=_STAGE_PERIOD_S))[0]:
+                now = time.monotonic()
+                if grouped_at is None and step.stage.value > AveragingStage.LOOKING_FOR_GROUP.value:
+                    grouped_at = now
+                if now - last_check >= _LIVENESS_PERIOD_S:
+                    last_check = now
+                    if not averager.is_alive():  # a dead child never answers: do not wait
+                        waiter.cancel()
+                        raise AllReduceFailed(f"round {round}: the averager process died")
             outcome = waiter.result()
         except (asyncio.CancelledError, AllReduceFailed):
             raise
@@ -246,6 +283,7 @@ class HivemindAllReduce:
             others = sorted({repr(other) for other in gathered.values()})
             raise AllReduceFailed(f"round {round}: group mixed rounds {', '.join(others)}")
         result = await asyncio.to_thread(self._read, averager)
+        self.last_group_wait_s = (grouped_at or time.monotonic()) - began
         return result.view_as(tensor).to(tensor.dtype), len(gathered)
 
     def _begin(

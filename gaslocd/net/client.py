@@ -48,6 +48,7 @@ SERVICE = pb.DESCRIPTOR.services_by_name["Peer"].full_name
 EXCHANGE = f"/{SERVICE}/Exchange"
 GET_STATE = f"/{SERVICE}/GetState"
 STATUS = f"/{SERVICE}/Status"
+READY = f"/{SERVICE}/Ready"
 
 
 def failure_from_rpc(
@@ -246,6 +247,21 @@ class PeerClient:
                 call.cancel()
         self.stats.bytes_received += sum(4 * n for n in expected.values())
         return state
+
+    async def notify_ready(self, address: str, round_: int, timeout_s: float) -> None:
+        """Tell a partner we finished our local steps of ``round_`` (see ``Ready``)."""
+        call = self.channel(address).unary_unary(
+            READY,
+            request_serializer=pb.ReadyNotice.SerializeToString,
+            response_deserializer=pb.ReadyReply.FromString,
+        )
+        notice = pb.ReadyNotice(
+            run_id=self.me.run_id,
+            round=round_,
+            sender=self.me.peer_id,
+            token=self.config.token.encode(),
+        )
+        await call(notice, timeout=timeout_s)
 
     async def status(self, address: str, timeout_s: float) -> pb.StatusReply:
         """The peer's ``StatusReply`` (peer id, run, round, version, free-form fields)."""

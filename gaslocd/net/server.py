@@ -61,6 +61,10 @@ from gaslocd.net.validation import Identity, Refusal, WireStats, check_payload, 
 
 log = logging.getLogger(__name__)
 
+_MAX_SENDER_CHARS = 128
+_MAX_READY_PER_ROUND = 64  # senders remembered per round (a round has 1 or 2 partners)
+_READY_ROUNDS_KEPT = 8  # rounds of Ready notices remembered
+
 StateProvider = Callable[[], PeerState | Awaitable[PeerState]]
 StatusProvider = Callable[[], Mapping[str, object]]
 
@@ -79,6 +83,9 @@ class ExchangeServer:
         self._board: RoundBoard | None = None
         self._state_provider: StateProvider | None = None
         self._status_provider: StatusProvider | None = None
+        # round -> peers that said they finished their local steps. Frozensets replaced
+        # whole, so the training thread can read them while the loop adds to them.
+        self._ready: dict[int, frozenset[str]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -95,6 +102,9 @@ class ExchangeServer:
             "GetState": grpc.unary_stream_rpc_method_handler(self._get_state),
             "Status": grpc.unary_unary_rpc_method_handler(
                 self._status, response_serializer=pb.StatusReply.SerializeToString
+            ),
+            "Ready": grpc.unary_unary_rpc_method_handler(
+                self._ready_notice, response_serializer=pb.ReadyReply.SerializeToString
             ),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
@@ -215,7 +225,43 @@ class ExchangeServer:
                 self.stats.exchanges_ok += 1
         return outcomes
 
+    def partners_ready(self, round_: int, partners: Sequence[str]) -> bool:
+        """Whether every one of ``partners`` said it finished its local steps of ``round_``.
+
+        Safe to call from the training thread (it only reads an immutable snapshot).
+        """
+        got = self._ready.get(round_, frozenset())
+        return all(p in got for p in partners)
+
     # -- handlers ----------------------------------------------------------------------
+
+    async def _ready_notice(
+        self, request: bytes, context: grpc.aio.ServicerContext
+    ) -> pb.ReadyReply:
+        try:
+            try:
+                notice = pb.ReadyNotice.FromString(request)
+            except DecodeError as exc:
+                raise Refusal("malformed", f"not a ReadyNotice: {exc}") from None
+            check_static(self.config, self.me, notice.token, notice.run_id, self.me.fingerprint)
+            sender = notice.sender
+            if not sender or len(sender) > _MAX_SENDER_CHARS or not sender.isprintable():
+                raise Refusal("malformed", "the sender id is empty, too long or not printable")
+            latest = self._board.latest_round if self._board is not None else None
+            if latest is not None and notice.round < latest:
+                raise Refusal("stale-round", f"round {notice.round} is before our {latest}")
+            if latest is not None and notice.round > latest + self.config.round_lead + 1:
+                raise Refusal("future-round", f"round {notice.round} is too far ahead of {latest}")
+        except Refusal as refusal:
+            await self._refuse(context, refusal)
+            raise AssertionError("unreachable: abort raises") from None
+        got = self._ready.get(notice.round, frozenset())
+        if len(got) < _MAX_READY_PER_ROUND:
+            self._ready[notice.round] = got | {sender}
+        # Bounded: a few rounds around ours, however many notices arrive.
+        while len(self._ready) > _READY_ROUNDS_KEPT:
+            del self._ready[min(self._ready)]
+        return pb.ReadyReply()
 
     async def _exchange(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
         assert self._board is not None

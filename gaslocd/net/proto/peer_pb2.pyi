@@ -107,6 +107,22 @@ class StatusRequest(_message.Message):
     token: bytes
     def __init__(self, run_id: _Optional[str] = ..., token: _Optional[bytes] = ...) -> None: ...
 
+class ReadyNotice(_message.Message):
+    __slots__ = ("run_id", "round", "sender", "token")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    round: int
+    sender: str
+    token: bytes
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., token: _Optional[bytes] = ...) -> None: ...
+
+class ReadyReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class StatusReply(_message.Message):
     __slots__ = ("peer_id", "run_id", "round", "version", "fields")
     class FieldsEntry(_message.Message):

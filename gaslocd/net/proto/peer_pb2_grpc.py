@@ -49,6 +49,11 @@ class PeerStub:
                 request_serializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.StatusRequest.SerializeToString,
                 response_deserializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Ready = channel.unary_unary(
+                '/gaslocd.v1.Peer/Ready',
+                request_serializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyNotice.SerializeToString,
+                response_deserializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -77,6 +82,15 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ready(self, request, context):
+        """"I have finished my local steps for this round": a partner still training can then
+        exchange at once, and a partner that finished first trains on (instead of idling)
+        until it hears this. The worst a forged notice can do is end that extra training.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +108,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.StatusRequest.FromString,
                     response_serializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.StatusReply.SerializeToString,
+            ),
+            'Ready': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ready,
+                    request_deserializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyNotice.FromString,
+                    response_serializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +196,33 @@ class Peer:
             '/gaslocd.v1.Peer/Status',
             gaslocd_dot_net_dot_proto_dot_peer__pb2.StatusRequest.SerializeToString,
             gaslocd_dot_net_dot_proto_dot_peer__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ready(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gaslocd.v1.Peer/Ready',
+            gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyNotice.SerializeToString,
+            gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyReply.FromString,
             options,
             channel_credentials,
             insecure,
