@@ -455,8 +455,9 @@ class Daemon:
 
         H is chosen from estimates, and on shared or busy machines a partner can start or
         step later than expected; rather than idle until its θ̃ arrives, the peer that
-        finished first keeps taking steps (up to H_max, and for at most one more target
-        round) until every partner's Ready notice is in. The exchange then starts at most
+        finished first keeps taking steps (up to H_max, and for at most the exchange
+        deadline: a dead partner is then handled as before) until every partner's Ready
+        notice is in. The exchange then starts at most
         one step after the last partner is ready, and no one waits with a GPU idle.
         """
         for address in setup.partners.values():
@@ -465,7 +466,7 @@ class Daemon:
         room = self.algo.h_upper - done
         if room <= 0 or self.server.partners_ready(setup.round, partners):
             return []
-        limit = time.monotonic() + (setup.target_round_s or 0.0)
+        limit = time.monotonic() + setup.deadline_s
         stop = self.worker.should_stop
 
         def enough() -> bool:
