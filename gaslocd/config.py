@@ -225,6 +225,9 @@ class WireConfig:
     codecs: tuple[str, ...] = CODECS  # codecs we accept from peers
     norm_bound: float = 1.0  # refuse θ̃_j with ‖θ̃_j − θ̃_i‖ > norm_bound · ‖θ̃_i‖
     accept_wait_s: float = 60.0  # how long an incoming call may wait for our round to open
+    # A caller sends its header as soon as the call starts; one that sends nothing would
+    # otherwise hold one of the server's concurrent-call slots for accept_wait_s.
+    header_wait_s: float = 10.0
     round_lead: int = 1  # a caller may be this many rounds ahead of us and still wait
     pipeline_chunks: int = 3  # chunks encoded / decoded ahead of the socket, per stream
     keepalive_time_s: float = 20.0
@@ -245,6 +248,7 @@ class WireConfig:
             _check(name in CODECS, f"codec must be one of {', '.join(CODECS)}; got {name!r}")
         _positive("norm bound", self.norm_bound)
         _positive("accept wait (s)", self.accept_wait_s)
+        _positive("header wait (s)", self.header_wait_s)
         _check(self.round_lead >= 0, f"round lead must be >= 0, got {self.round_lead}")
         _check(
             self.pipeline_chunks >= 1, f"pipeline chunks must be >= 1, got {self.pipeline_chunks}"

@@ -266,7 +266,7 @@ class ExchangeServer:
     async def _exchange(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
         assert self._board is not None
         try:
-            raw = await asyncio.wait_for(context.read(), self.config.accept_wait_s)
+            raw = await asyncio.wait_for(context.read(), self.config.header_wait_s)
             header = _exchange_header(raw)
             check_static(self.config, self.me, header.token, header.run_id, header.fingerprint)
             offer = await self._board.claim(header.round, header.sender, self.config.accept_wait_s)
