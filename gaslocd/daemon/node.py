@@ -36,7 +36,13 @@ from gaslocd.config import AlgoConfig, DaemonConfig, TrainConfig, WireConfig
 from gaslocd.daemon.metrics import DaemonMetrics
 from gaslocd.daemon.replica import Replica, checkpoint_worker_index, worker_index_for
 from gaslocd.daemon.report import RunLog
-from gaslocd.daemon.rounds import FIRST_DEADLINE_S, LinkEstimates, RoundSetup, plan_this_round
+from gaslocd.daemon.rounds import (
+    FIRST_DEADLINE_S,
+    LinkEstimates,
+    RoundSetup,
+    catch_up_round,
+    plan_this_round,
+)
 from gaslocd.daemon.worker import TrainingThread
 from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
 from gaslocd.net.codecs import ErrorFeedback, get_codec
@@ -491,11 +497,8 @@ class Daemon:
         a peer that fell behind (a long pause, a missed roster, a restart) would ask for
         rounds its partners have left, be refused as stale, and never pair again.
         """
-        ahead = max(
-            (r.round for r in records if r.peer_id != self.me and r.active_from <= r.round),
-            default=t,
-        )
-        if ahead < t + CATCH_UP_ROUNDS:
+        ahead = catch_up_round(t, records, self.me, CATCH_UP_ROUNDS)
+        if ahead == t:
             return t
         log.info("round %d: peers are at round %d, catching up", t, ahead)
         with self.replica.lock:

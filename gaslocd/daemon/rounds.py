@@ -67,6 +67,19 @@ def active_roster(records: Sequence[PeerRecord], round_: int, me: str) -> list[P
     return [r for r in records if r.active_from <= round_]
 
 
+def catch_up_round(t: int, records: Sequence[PeerRecord], me: str, min_gap: int) -> int:
+    """The round to continue from: ``t``, or the round the others are in when they are
+    at least ``min_gap`` rounds ahead (round numbers only name pairings: skipping some
+    loses no training, while asking for rounds the partners have left pairs no one).
+
+    "The others" is the round at least half of the active others have reached, not the
+    highest one: a single peer publishing a huge round (a bug, or hostile) drags no one.
+    """
+    others = [r.round for r in records if r.peer_id != me and r.active_from <= r.round]
+    ahead = statistics.median_low(others) if others else t
+    return ahead if ahead >= t + min_gap else t
+
+
 def _typical_transfer_s(records: Sequence[PeerRecord], message_bytes: int) -> float:
     rates = [r.bandwidth_bytes_per_s for r in records if r.bandwidth_bytes_per_s > 0]
     return message_bytes / statistics.median(rates) if rates else 0.0
