@@ -20,12 +20,14 @@ Two choices a reader may question:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import signal
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from hivemind import DHT
@@ -42,6 +44,7 @@ from hivemind.compression import (
 from gaslocd.net.discovery import Discovery, scratch_event_loop, stop_process, watch_parent
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _ROUND_BITS = 32  # rounds are told apart modulo 2**32 in the group key
 _LIVENESS_PERIOD_S = 0.5  # how often a waiting call checks that the averager still lives
@@ -61,6 +64,38 @@ def compression_for(codec: str) -> CompressionBase:
     if codec not in table:
         raise ValueError(f"no all-reduce compression for codec {codec!r}")
     return table[codec]
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a fresh daemon thread, awaited.
+
+    Not ``asyncio.to_thread``: calls into the averager wait on its child process, and one
+    that dies (or is stopped at shutdown) mid-call leaves that wait unanswered for ever.
+    A default-executor thread stuck so would make the event loop's close, and with it the
+    daemon's exit, hang (seen: DiLoCo daemons that never exited after SIGTERM). A daemon
+    thread is abandoned at exit instead.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as exc:  # handed to the awaiting coroutine
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=work, name="gaslocd-averager-call", daemon=True).start()
+    return await future
 
 
 class AllReduceFailed(RuntimeError):
@@ -256,7 +291,7 @@ class HivemindAllReduce:
         deadline: float,
     ) -> tuple[torch.Tensor, int]:
         flat = tensor.detach().reshape(-1).to(torch.float32, copy=False)
-        step = await asyncio.to_thread(self._begin, averager, generation, round, flat, deadline)
+        step = await off_loop(self._begin, averager, generation, round, flat, deadline)
         waiter = asyncio.wrap_future(step)
         began = time.monotonic()
         grouped_at: float | None = None
@@ -282,7 +317,7 @@ class HivemindAllReduce:
         if any(other != round for other in gathered.values()):  # a group key collision
             others = sorted({repr(other) for other in gathered.values()})
             raise AllReduceFailed(f"round {round}: group mixed rounds {', '.join(others)}")
-        result = await asyncio.to_thread(self._read, averager)
+        result = await off_loop(self._read, averager)
         self.last_group_wait_s = (grouped_at or time.monotonic()) - began
         return result.view_as(tensor).to(tensor.dtype), len(gathered)
 

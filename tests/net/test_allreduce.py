@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -181,3 +183,32 @@ def test_a_peer_dying_costs_the_others_at_most_their_timeout(stage: str, numel: 
         asyncio.run(body())
     finally:
         _stop(nodes, peers)
+
+
+def test_a_wedged_averager_call_never_blocks_the_process_exit() -> None:
+    # A call into a dead averager waits for ever; the daemon must still exit (it once
+    # hung in the event loop's close, waiting for such a thread).
+    script = (
+        "import asyncio, time\n"
+        "from gaslocd.net.allreduce import off_loop\n"
+        "async def main():\n"
+        "    assert await off_loop(lambda a, b: a + b, 2, 3) == 5\n"
+        "    try:\n"
+        "        await off_loop(int, 'x')\n"
+        "    except ValueError:\n"
+        "        pass\n"
+        "    else:\n"
+        "        raise AssertionError('the exception was lost')\n"
+        "    try:\n"
+        "        await asyncio.wait_for(off_loop(time.sleep, 3600), 0.2)\n"
+        "    except TimeoutError:\n"
+        "        print('timed out', flush=True)\n"
+        "asyncio.run(main())\n"
+    )
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "timed out"
+    assert time.monotonic() - began < 60
