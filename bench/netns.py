@@ -5,7 +5,9 @@ namespace holding a bridge and ``n`` *leaf* namespaces, each joined to the bridg
 pair: a star, like n machines behind one switch, each with its own access link. Every
 access link is shaped in both directions with ``tc`` (the leaf's side shapes its upload,
 the hub's side its download): a token bucket (``tbf``) for the rate, under ``netem`` when
-a delay or a loss is asked for. Rates may differ per leaf (a straggler's slow link).
+a delay is asked for. Packet loss is an nftables rule in each leaf that drops that share
+of its packets at random, in and out (``numgen random``): it needs no ``netem``, which
+some kernels lack. Rates may differ per leaf (a straggler's slow link).
 Addresses are 10.231.<lab>.<i+1>/24 and exist only inside the namespaces, so nothing
 reaches or shadows the host's own network. Everything is removed on exit, also after an
 error or Ctrl-C (and ``cleanup_stale()`` removes leftovers of a killed run by name).
@@ -14,8 +16,9 @@ error or Ctrl-C (and ``cleanup_stale()`` removes leftovers of a killed run by na
         server = subprocess.Popen(lab.exec_argv(0, [sys.executable, "srv.py"]))
         client = subprocess.Popen(lab.exec_argv(1, [sys.executable, "cli.py", lab.address(0)]))
 
-Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and iproute2; :func:`available` says whether
-this machine allows it, and why not.
+Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and iproute2 (and nftables for loss);
+:func:`available` and :func:`loss_available` say whether this machine allows it, and why
+not.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 PREFIX = "gl"  # namespace and link names start with this (kept short: IFNAMSIZ is 16)
+NFT_TABLE = "gaslocd_loss"
 
 
 def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -59,6 +63,60 @@ def available() -> tuple[bool, str]:
     return True, "ok"
 
 
+def loss_available() -> tuple[bool, str]:
+    """Whether random packet loss can be made here (nftables with ``numgen``)."""
+    ok, why = available()
+    if not ok:
+        return ok, why
+    if shutil.which("nft") is None:
+        return False, "nft not found (apt-get install nftables)"
+    probe = f"{PREFIX}loss{os.getpid() % 10000}"
+    _ip("netns", "add", probe)
+    try:
+        made = _drop_rules(probe, "lo", 1.0, check=False)
+        return (True, "ok") if made.returncode == 0 else (False, made.stderr.strip())
+    finally:
+        _ip("netns", "del", probe, check=False)
+
+
+def _drop_rules(
+    ns: str, dev: str, loss_pct: float, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Drop ``loss_pct`` % of the packets ``dev`` sends and receives, at random."""
+    if not 0 < loss_pct < 100:
+        raise ValueError(f"loss must be in (0, 100) %, got {loss_pct}")
+    per_10k = round(loss_pct * 100)
+    rules = (
+        f"table inet {NFT_TABLE} {{\n"
+        f"  chain inbound {{ type filter hook input priority 0; policy accept;\n"
+        f'    iifname "{dev}" numgen random mod 10000 < {per_10k} counter drop; }}\n'
+        f"  chain outbound {{ type filter hook output priority 0; policy accept;\n"
+        f'    oifname "{dev}" numgen random mod 10000 < {per_10k} counter drop; }}\n'
+        f"}}\n"
+    )
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, "nft", "-f", "-"],
+        input=rules,
+        check=check,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def dropped_packets(ns: str) -> int:
+    """Packets the loss rules of namespace ``ns`` dropped so far."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, "nft", "list", "table", "inet", NFT_TABLE],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    words = out.split()
+    return sum(int(words[i + 1]) for i, w in enumerate(words) if w == "packets")
+
+
 def cleanup_stale() -> None:
     """Remove namespaces left by a killed run (they all start with ``PREFIX``)."""
     listing = _ip("netns", "list", check=False).stdout
@@ -68,17 +126,13 @@ def cleanup_stale() -> None:
             _ip("netns", "del", name, check=False)
 
 
-def _shape(ns: str, dev: str, rate_mbit: float | None, delay_ms: float, loss_pct: float) -> None:
-    if rate_mbit is None and delay_ms == 0 and loss_pct == 0:
+def _shape(ns: str, dev: str, rate_mbit: float | None, delay_ms: float) -> None:
+    if rate_mbit is None and delay_ms == 0:
         return
     parent = ["root"]
-    if delay_ms or loss_pct:
+    if delay_ms:
         netem = ["qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "limit", "100000"]
-        if delay_ms:
-            netem += ["delay", f"{delay_ms}ms"]
-        if loss_pct:
-            netem += ["loss", f"{loss_pct}%"]
-        _tc(ns, *netem)
+        _tc(ns, *netem, "delay", f"{delay_ms}ms")
         parent = ["parent", "1:", "handle", "2:"]
     if rate_mbit is not None:
         # burst: ~4 ms of traffic and at least a 64 KiB GSO segment, else tbf drops them.
@@ -169,8 +223,10 @@ class NetLab:
             _ip("link", "set", "eth0", "up", ns=leaf)
             _ip("link", "set", host_end, "master", "br0", ns=self.hub)
             _ip("link", "set", host_end, "up", ns=self.hub)
-            _shape(leaf, "eth0", self.rates[i], self.delay_ms, self.loss_pct)  # upload
-            _shape(self.hub, host_end, self.rates[i], self.delay_ms, self.loss_pct)  # download
+            _shape(leaf, "eth0", self.rates[i], self.delay_ms)  # upload
+            _shape(self.hub, host_end, self.rates[i], self.delay_ms)  # download
+            if self.loss_pct:
+                _drop_rules(leaf, "eth0", self.loss_pct)  # both directions, in the leaf
 
     def close(self) -> None:
         """Delete every namespace made (their veths and qdiscs go with them)."""
