@@ -64,14 +64,14 @@ def available() -> tuple[bool, str]:
 
 
 def loss_available() -> tuple[bool, str]:
-    """Whether random packet loss can be made here (nftables with ``numgen``)."""
-    ok, why = available()
-    if not ok:
-        return ok, why
+    """Whether random packet loss can be made here (nftables with ``numgen``); call it
+    where :func:`available` said yes."""
     if shutil.which("nft") is None:
         return False, "nft not found (apt-get install nftables)"
     probe = f"{PREFIX}loss{os.getpid() % 10000}"
-    _ip("netns", "add", probe)
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return False, f"ip netns add failed: {made.stderr.strip()}"
     try:
         made = _drop_rules(probe, "lo", 1.0, check=False)
         return (True, "ok") if made.returncode == 0 else (False, made.stderr.strip())

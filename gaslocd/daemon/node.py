@@ -463,8 +463,8 @@ class Daemon:
         step later than expected; rather than idle until its θ̃ arrives, the peer that
         finished first keeps taking steps (up to H_max, and for at most the exchange
         deadline: a dead partner is then handled as before) until every partner's Ready
-        notice is in. The exchange then starts at most
-        one step after the last partner is ready, and no one waits with a GPU idle.
+        notice is in. The exchange then starts at most one step after the last partner
+        is ready, and no one waits with a GPU idle.
         """
         for address in setup.partners.values():
             self._spawn(self._notify_ready(address, setup.round))

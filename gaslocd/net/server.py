@@ -32,11 +32,11 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import torch
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 import gaslocd
 from gaslocd.config import WireConfig
@@ -61,6 +61,7 @@ from gaslocd.net.validation import Identity, Refusal, WireStats, check_payload, 
 
 log = logging.getLogger(__name__)
 
+M = TypeVar("M", bound=Message)
 _MAX_SENDER_CHARS = 128
 _MAX_READY_PER_ROUND = 64  # senders remembered per round (a round has 1 or 2 partners)
 _READY_ROUNDS_KEPT = 8  # rounds of Ready notices remembered
@@ -239,10 +240,7 @@ class ExchangeServer:
         self, request: bytes, context: grpc.aio.ServicerContext
     ) -> pb.ReadyReply:
         try:
-            try:
-                notice = pb.ReadyNotice.FromString(request)
-            except DecodeError as exc:
-                raise Refusal("malformed", f"not a ReadyNotice: {exc}") from None
+            notice = _parse_request(pb.ReadyNotice, request)
             check_static(self.config, self.me, notice.token, notice.run_id, self.me.fingerprint)
             sender = notice.sender
             if not sender or len(sender) > _MAX_SENDER_CHARS or not sender.isprintable():
@@ -354,10 +352,7 @@ class ExchangeServer:
     async def _get_state(self, request: bytes, context: grpc.aio.ServicerContext) -> None:
         assert self._executor is not None
         try:
-            try:
-                req = pb.StateRequest.FromString(request)
-            except DecodeError as exc:
-                raise Refusal("malformed", f"not a StateRequest: {exc}") from None
+            req = _parse_request(pb.StateRequest, request)
             check_static(self.config, self.me, req.token, req.run_id, req.fingerprint)
             if self._state_provider is None:
                 raise Refusal("no-state", "this peer has no state to give yet")
@@ -372,10 +367,7 @@ class ExchangeServer:
 
     async def _status(self, request: bytes, context: grpc.aio.ServicerContext) -> pb.StatusReply:
         try:
-            try:
-                req = pb.StatusRequest.FromString(request)
-            except DecodeError as exc:
-                raise Refusal("malformed", f"not a StatusRequest: {exc}") from None
+            req = _parse_request(pb.StatusRequest, request)
             check_static(self.config, self.me, req.token, req.run_id, self.me.fingerprint)
         except Refusal as refusal:
             await self._refuse(context, refusal)
@@ -403,6 +395,14 @@ class ExchangeServer:
                 code = refusal.code.value[0]
                 await context.write(frame_refusal(code, refusal.reason, refusal.detail))
         await context.abort(refusal.code, refusal.status_details)
+
+
+def _parse_request(kind: type[M], raw: bytes) -> M:
+    """A unary request decoded, or refused as malformed."""
+    try:
+        return kind.FromString(raw)
+    except DecodeError as exc:
+        raise Refusal("malformed", f"not a {kind.__name__}: {exc}") from None
 
 
 def _exchange_header(raw: object) -> pb.ExchangeHeader:

@@ -314,7 +314,7 @@ async def _garbage_socket(host: str, port: int, rng: random.Random, hold_s: floa
                 await asyncio.wait_for(writer.wait_closed(), 2.0)
 
 
-async def _idle_call(address: str, hold_s: float, garbage: bytes | None) -> grpc.StatusCode:
+async def idle_call(address: str, hold_s: float, garbage: bytes | None) -> grpc.StatusCode:
     """An Exchange call that sends nothing (or one garbage message) and holds the stream."""
     async with _channel(address) as chan:
         call = chan.stream_stream(EXCHANGE)(timeout=hold_s)
@@ -340,7 +340,7 @@ async def flood(address: str, connections: int, hold_s: float, seed: int = 0) ->
             jobs.append(asyncio.ensure_future(_garbage_socket(host, int(port), rng, hold_s)))
         else:
             junk = rng.randbytes(rng.randint(1, 1024)) if kind == 2 else None
-            jobs.append(asyncio.ensure_future(_idle_call(address, hold_s, junk)))
+            jobs.append(asyncio.ensure_future(idle_call(address, hold_s, junk)))
     results = await asyncio.gather(*jobs, return_exceptions=True)
     return Counter(r.name if isinstance(r, grpc.StatusCode) else type(r).__name__ for r in results)
 

@@ -4,6 +4,8 @@ steps" reaches the other, and a bad notice is refused, counted and remembered by
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -20,12 +22,18 @@ pytestmark = pytest.mark.net
 RUN, FP = "ready-run", "fp-1"
 
 
-async def _pair() -> tuple[ExchangeServer, ExchangeServer, str]:
+@contextlib.asynccontextmanager
+async def _pair() -> AsyncIterator[tuple[ExchangeServer, ExchangeServer, str]]:
+    """Two live servers on 127.0.0.1 (a, b) and b's address; stopped on exit."""
     a = ExchangeServer(WireConfig(token="t0k"), Identity(RUN, "peer-a", FP))
     b = ExchangeServer(WireConfig(token="t0k"), Identity(RUN, "peer-b", FP))
     await a.start("127.0.0.1", 0)
     port = await b.start("127.0.0.1", 0)
-    return a, b, f"127.0.0.1:{port}"
+    try:
+        yield a, b, f"127.0.0.1:{port}"
+    finally:
+        await a.stop()
+        await b.stop()
 
 
 async def _raw(address: str, payload: bytes) -> grpc.StatusCode:
@@ -47,25 +55,20 @@ def _notice(**over: object) -> bytes:
 
 def test_a_ready_notice_reaches_the_partner_for_that_round_only() -> None:
     async def scenario() -> None:
-        a, b, b_addr = await _pair()
-        try:
+        async with _pair() as (a, b, b_addr):
             assert not b.partners_ready(3, ["peer-a"])
             await a.client.notify_ready(b_addr, 3, timeout_s=5.0)
             assert b.partners_ready(3, ["peer-a"])
             assert not b.partners_ready(4, ["peer-a"])  # another round
             assert not b.partners_ready(3, ["peer-a", "peer-c"])  # 2-peer: both needed
             assert b.partners_ready(3, [])  # nobody to wait for
-        finally:
-            await a.stop()
-            await b.stop()
 
     asyncio.run(scenario())
 
 
 def test_bad_notices_are_refused_counted_and_change_nothing() -> None:
     async def scenario() -> None:
-        a, b, b_addr = await _pair()
-        try:
+        async with _pair() as (_, b, b_addr):
             # b has round 5 open: notices for earlier rounds are stale, far ones refused.
             await b.open_round(5, torch.zeros(4), {"peer-a": "127.0.0.1:1"})
             cases = {
@@ -90,17 +93,13 @@ def test_bad_notices_are_refused_counted_and_change_nothing() -> None:
             # A good notice still gets through afterwards.
             assert await _raw(b_addr, _notice(round=6)) == grpc.StatusCode.OK
             assert b.partners_ready(6, ["peer-x"])
-        finally:
-            await a.stop()
-            await b.stop()
 
     asyncio.run(scenario())
 
 
 def test_memory_of_notices_stays_bounded_under_a_flood() -> None:
     async def scenario() -> None:
-        a, b, b_addr = await _pair()
-        try:
+        async with _pair() as (_, b, b_addr):
             # No round open yet: any round is taken, but only the latest few are kept,
             # and only so many senders per round.
             for r in range(40):
@@ -110,8 +109,5 @@ def test_memory_of_notices_stays_bounded_under_a_flood() -> None:
             assert len(b._ready) <= 8
             assert 0 < len(b._ready[39]) <= 64
             assert not b.partners_ready(0, ["peer-x"])
-        finally:
-            await a.stop()
-            await b.stop()
 
     asyncio.run(scenario())

@@ -15,25 +15,14 @@ import grpc
 import pytest
 
 from gaslocd.config import WireConfig
-from gaslocd.net.client import EXCHANGE
 from gaslocd.net.server import ExchangeServer
 from gaslocd.net.validation import Identity
+from tests.faults.fuzz import idle_call
 
 pytestmark = pytest.mark.net
 
 HEADER_WAIT_S = 1.0
 HOLD_S = 30.0  # how long each idle caller would like to hold its call
-
-
-async def _idle(address: str) -> grpc.StatusCode:
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = channel.stream_stream(EXCHANGE)(timeout=HOLD_S)
-        try:
-            while await call.read() is not grpc.aio.EOF:
-                pass
-        except grpc.aio.AioRpcError as exc:
-            return exc.code()
-        return await call.code()
 
 
 def test_a_flood_of_silent_calls_is_dropped_after_the_header_wait() -> None:
@@ -46,7 +35,8 @@ def test_a_flood_of_silent_calls_is_dropped_after_the_header_wait() -> None:
         await client.start("127.0.0.1", 0)
         try:
             began = time.monotonic()
-            codes = Counter(await asyncio.gather(*(_idle(address) for _ in range(80))))
+            idle = [idle_call(address, HOLD_S, None) for _ in range(80)]
+            codes = Counter(await asyncio.gather(*idle))
             took = time.monotonic() - began
             # Those that got a slot were dropped for sending no header; the rest were
             # turned away at once. None held its call for the HOLD_S it wanted.
