@@ -171,6 +171,9 @@ class SimConfig:
     stragglers: tuple[Straggler, ...] = ()
     eval_every: int = 1
     message_bytes: int | None = None  # None: the encoded size of the real model
+    # Pairings are drawn from (run id, round), as in the daemon; None: "sim-<seed>", so
+    # that seeds draw different pairings as separate runs would.
+    run_id: str | None = None
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
