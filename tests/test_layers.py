@@ -14,8 +14,27 @@ PKG = Path(__file__).resolve().parents[1] / "gaslocd"
 # Rank of each top-level part of the package; a module may import only lower ranks
 # (and its own part). ``net`` must not import ``algorithm`` (it moves tensors, it does
 # not mix them), which the rank order alone would allow, so it is listed explicitly.
-RANK = {"config": 1, "algorithm": 2, "train": 3, "net": 4, "sim": 5, "daemon": 6, "cli": 7}
-FORBIDDEN = {"net": {"algorithm"}, "train": {"net", "algorithm"}}
+RANK = {
+    "config": 1,
+    "algorithm": 2,
+    "protocol": 3,
+    "train": 4,
+    "net": 5,
+    "sim": 6,
+    "daemon": 7,
+    "cli": 8,
+}
+# net moves and checks tensors without mixing them; it may read the protocol's record
+# type but not its rules. train holds worker state and takes the outer step, but plans
+# nothing.
+FORBIDDEN = {
+    "net": {"algorithm"},
+    "train": {"net", "protocol"},
+}
+# The protocol's rules are decisions on inputs: they read no clock and open nothing.
+PURE_PARTS = ("algorithm", "protocol")
+# (random is allowed: topology draws from a PRNG seeded by (run id, round), never the global one)
+IMPURE_NAMES = {"time", "socket", "asyncio", "threading", "subprocess", "os"}
 
 
 def _part(module_path: Path) -> str:
@@ -53,7 +72,23 @@ def test_module_imports_only_layers_above(path: Path) -> None:
         assert imported not in FORBIDDEN.get(part, set()), f"{part} must not import {imported}"
 
 
-@pytest.mark.parametrize("module", ["gaslocd.sim", "gaslocd.net.memory", "gaslocd.algorithm"])
+@pytest.mark.parametrize(
+    "path", [p for p in _modules() if _part(p) in PURE_PARTS], ids=lambda p: str(p.relative_to(PKG))
+)
+def test_round_rules_read_no_clock_and_do_no_io(path: Path) -> None:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module.split(".")[0])
+    assert not imported & IMPURE_NAMES, f"{path.name} imports {sorted(imported & IMPURE_NAMES)}"
+
+
+@pytest.mark.parametrize(
+    "module", ["gaslocd.sim", "gaslocd.net.memory", "gaslocd.algorithm", "gaslocd.protocol.policy"]
+)
 def test_light_modules_pull_in_neither_grpc_nor_hivemind(module: str) -> None:
     code = (
         f"import sys, importlib; importlib.import_module({module!r}); "

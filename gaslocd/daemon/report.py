@@ -11,11 +11,13 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gaslocd.daemon.rounds import RoundSetup
 from gaslocd.net.validation import WireStats
 from gaslocd.sim.summary import SCHEMA_VERSION, plain_json, write_json
+
+if TYPE_CHECKING:  # telemetry imports this module
+    from gaslocd.daemon.telemetry import RoundOutcome
 
 
 @dataclass
@@ -40,52 +42,43 @@ class RunLog:
         elapsed = self.elapsed_s()
         return self.idle_s / elapsed if elapsed > 0 else 0.0
 
-    def add(
-        self,
-        setup: RoundSetup,
-        losses: list[float],
-        val: float | None,
-        consensus: float | None,
-        idle_s: float,
-        round_s: float,
-        tokens: int,
-        exchanged: int,
-        stats: WireStats,
-        compute_s: float = 0.0,
-        exchange_s: float = 0.0,
-    ) -> str:
+    def add(self, out: RoundOutcome, stats: WireStats) -> str:
         """Record a finished round; returns its progress line."""
-        self.idle_s += idle_s
+        setup, losses = out.setup, out.losses
+        self.idle_s += out.idle_s
         train = statistics.fmean(losses) if losses else math.nan
         self.last_inner_steps, self.last_roster_size = len(losses), setup.roster_size
         self.last_train_loss = train
-        if val is not None:
-            self.last_val_loss = val
+        if out.val is not None:
+            self.last_val_loss = out.val
         self.rounds.append(
             {
                 "round": setup.round + 1,
                 "wall_clock_s": self.elapsed_s(),
                 "unix_time": time.time(),
                 "inner_steps": len(losses),
+                "planned_inner_steps": setup.inner_steps,
                 "train_loss": train,
-                "val_loss": val,
-                "consensus": consensus,
-                "idle_s": idle_s,
-                "compute_s": compute_s,  # the H inner steps
-                "exchange_s": exchange_s,  # exchange or all-reduce, waiting included
+                "val_loss": out.val,
+                "consensus": out.consensus,
+                "idle_s": out.idle_s,
+                "compute_s": out.compute_s,  # the inner steps, filling the wait included
+                "exchange_s": out.exchange_s,  # exchange or all-reduce, waiting included
                 "partners": len(setup.partners),
-                "exchanged": exchanged,
+                "exchanged": out.exchanged,
+                "roster": list(out.roster),  # sorted: what the pairing was drawn from
+                "mixing_row": dict(out.row),  # this peer's row of W as applied
                 "bytes_sent": stats.bytes_sent,
             }
         )
-        tok_s = tokens / round_s if round_s > 0 else 0.0
-        val_text = f"{val:.4f}" if val is not None else "   -  "
-        cons = f"{consensus:.2e}" if consensus is not None else "    -   "
+        tok_s = out.tokens / out.round_s if out.round_s > 0 else 0.0
+        val_text = f"{out.val:.4f}" if out.val is not None else "   -  "
+        cons = f"{out.consensus:.2e}" if out.consensus is not None else "    -   "
         return (
             f"round {setup.round + 1:5d}  H {len(losses):4d}  loss {train:.4f}  "
             f"val {val_text}  tok/s {tok_s / 1000:6.1f}k  consensus {cons}  "
             f"idle {100 * self.idle_fraction():5.1f}%  peers {setup.roster_size}  "
-            f"exchanged {exchanged}/{len(setup.partners)}"
+            f"exchanged {out.exchanged}/{len(setup.partners)}"
         )
 
     def closing_line(self, stats: WireStats) -> str:

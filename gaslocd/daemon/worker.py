@@ -31,7 +31,11 @@ class TrainingThread:
     def should_stop(self) -> bool:
         return self.stop.is_set()
 
-    def shutdown(self) -> None:
-        """Ask the current step to be the last, and let the thread finish it."""
+    def shutdown(self, wait: bool = True) -> None:
+        """Ask the current step to be the last; ``wait`` for the thread to finish it.
+
+        A forced exit does not wait here; the interpreter still joins the thread at exit,
+        which costs at most the step (or checkpoint write) in progress.
+        """
         self.stop.set()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._executor.shutdown(wait=wait, cancel_futures=True)

@@ -1,9 +1,9 @@
-"""The round driver's pure decisions (gaslocd/daemon/rounds.py), without processes."""
+"""Catching up with the network (gaslocd/protocol/policy.py), without processes."""
 
 from __future__ import annotations
 
-from gaslocd.daemon.rounds import catch_up_round
-from gaslocd.net.discovery import PeerRecord
+from gaslocd.protocol.policy import catch_up_round
+from gaslocd.protocol.records import PeerRecord
 
 
 def _rec(peer_id: str, round_: int, active_from: int = 0) -> PeerRecord:

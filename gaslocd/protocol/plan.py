@@ -1,10 +1,10 @@
-"""What a daemon decides at the start of a round: roster, partners, H, deadline.
+"""What a peer decides at the start of a round: roster, partners, H, deadline, T.
 
-Pure given its inputs (records from the DHT, measurements kept by the daemon), so the
-round driver stays a readable sequence of awaits. The roster for round t is every fresh
-record of the same model whose ``active_from`` ≤ t: a newcomer announces itself a few
-rounds ahead, so by the time it counts every peer has seen its record and all compute
-the same permutation (a peer seen by some and not others would reshuffle everyone).
+The roster for round t is every fresh record of the same model whose ``active_from`` ≤ t:
+a newcomer announces itself a few rounds ahead, so by the time it counts every peer has
+seen its record and all compute the same permutation (a peer seen by some and not others
+would reshuffle everyone). The permutation is drawn from (run id, round) in the
+simulator and the daemon alike, so the same roster gives the same W in both.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from gaslocd.algorithm.hpolicy import choose_inner_steps, target_round_time
 from gaslocd.algorithm.topology import RoundPlan, plan_round, roster_digest
 from gaslocd.config import AlgoConfig
-from gaslocd.net.discovery import PeerRecord
+from gaslocd.protocol.records import PeerRecord
 
 # Before anything is measured, an exchange may take this long.
 FIRST_DEADLINE_S = 60.0
@@ -30,7 +30,11 @@ def ewma(old: float | None, new: float) -> float:
 
 @dataclass
 class LinkEstimates:
-    """What this daemon measured: its step time, and per partner the exchange time."""
+    """What one peer measured: its step time, and per partner the exchange time.
+
+    Smoothed (EWMA) rather than the last value: one slow exchange on a shared machine
+    should move H a little, not make the next round's plan swing.
+    """
 
     step_time_s: float | None = None
     transfer_s: dict[str, float] = field(default_factory=dict)
@@ -54,33 +58,25 @@ class LinkEstimates:
 class RoundSetup:
     round: int
     plan: RoundPlan | None  # None: this peer is not (yet) in the roster and sits out
-    partners: dict[str, str]  # peer id -> gRPC address
+    partners: dict[str, str]  # peer id -> address
     inner_steps: int
     deadline_s: float
     digest: bytes
     roster_size: int
-    target_round_s: float | None = None  # T of DESIGN §1; None before step times are known
+    target_round_s: float | None = None  # T of docs/design.md §1; None before step times are known
+
+    def mixing_row(self, me: str) -> dict[str, float]:
+        """This peer's row of W (only itself when it sits out)."""
+        return self.plan.mixing_weights(me) if self.plan is not None else {me: 1.0}
 
 
-def active_roster(records: Sequence[PeerRecord], round_: int, me: str) -> list[PeerRecord]:
-    """Records that take part in ``round_`` (``me`` included only once it is active too)."""
+def active_roster(records: Sequence[PeerRecord], round_: int) -> list[PeerRecord]:
+    """Records that take part in ``round_``."""
     return [r for r in records if r.active_from <= round_]
 
 
-def catch_up_round(t: int, records: Sequence[PeerRecord], me: str, min_gap: int) -> int:
-    """The round to continue from: ``t``, or the round the others are in when they are
-    at least ``min_gap`` rounds ahead (round numbers only name pairings: skipping some
-    loses no training, while asking for rounds the partners have left pairs no one).
-
-    "The others" is the round at least half of the active others have reached, not the
-    highest one: a single peer publishing a huge round (a bug, or hostile) drags no one.
-    """
-    others = [r.round for r in records if r.peer_id != me and r.active_from <= r.round]
-    ahead = statistics.median_low(others) if others else t
-    return ahead if ahead >= t + min_gap else t
-
-
-def _typical_transfer_s(records: Sequence[PeerRecord], message_bytes: int) -> float:
+def typical_transfer_s(records: Sequence[PeerRecord], message_bytes: int) -> float:
+    """One message at the median published bandwidth: the network's typical exchange."""
     rates = [r.bandwidth_bytes_per_s for r in records if r.bandwidth_bytes_per_s > 0]
     return message_bytes / statistics.median(rates) if rates else 0.0
 
@@ -108,14 +104,14 @@ def plan_this_round(
     message_bytes: int,
     fixed_deadline_s: float | None,
 ) -> RoundSetup:
-    """Roster → partners → H → deadline for ``round_`` (DESIGN §1 and §3)."""
-    active = active_roster(records, round_, me)
+    """Roster → partners → H → deadline for ``round_`` (docs/design.md §1 and §3)."""
+    active = active_roster(records, round_)
     by_id = {r.peer_id: r for r in active}
     ids = sorted(by_id)
     plan = plan_round(algo.topology, ids, round_, run_id) if me in by_id else None
     partners = {p: by_id[p].address for p in plan.partners_of(me)} if plan else {}
-    typical = _typical_transfer_s(active, message_bytes)
-    steps = [r.step_time_s for r in active if r.step_time_s > 0]
+    typical = typical_transfer_s(active, message_bytes)
+    steps = [r.step_time_s for r in active if r.step_time_s > 0 and r.peer_id != me]
     if links.step_time_s is not None:
         steps.append(links.step_time_s)
     h_base = algo.inner_steps

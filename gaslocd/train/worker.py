@@ -1,9 +1,11 @@
-"""The model state one daemon trains, and the only code that mutates it.
+"""One worker's training state, and the only code that mutates it.
 
 θ (the round's starting point), the outer momentum m, the inner AdamW state and the data
-position live here. Training and the outer step run on the training thread; the event
-loop only reads snapshots, taken under ``lock`` so that a newcomer's ``GetState`` or a
-checkpoint never sees θ from one round and m from another.
+position live here, for a daemon and for each of the simulator's workers alike: both
+drivers take their outer step through :meth:`Worker.outer_update`, so the simulator
+measures the update a daemon applies. In a daemon, training and the outer step run on
+the training thread; the event loop only reads snapshots, taken under ``lock`` so that a
+newcomer's ``GetState`` or a checkpoint never sees θ from one round and m from another.
 """
 
 from __future__ import annotations
@@ -31,6 +33,17 @@ log = logging.getLogger(__name__)
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
+def held_out_batches(corpus: Corpus, train: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The validation batches every worker of a run evaluates on (same seed: same batches)."""
+    return fixed_batches(
+        corpus.val,
+        batch_size=train.batch_size,
+        seq_len=train.seq_len,
+        n=train.eval_batches,
+        seed=train.seed,
+    )
+
+
 def worker_index_for(peer_id: str) -> int:
     """A data-stream index derived from a peer id: distinct streams without coordination."""
     return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "little") & 0x7FFFFFFF
@@ -46,10 +59,20 @@ class Snapshot:
     data_position: int
 
 
-class Replica:
-    """θ, m, the inner trainer and the data stream of one daemon."""
+class Worker:
+    """θ, m, the inner trainer and the data stream of one worker.
 
-    def __init__(self, train: TrainConfig, corpus: Corpus, worker_index: int) -> None:
+    Every worker of a run starts from the same θ0 (the same init seed, as DiLoCo does);
+    they differ by their data streams (``worker_index``).
+    """
+
+    def __init__(
+        self,
+        train: TrainConfig,
+        corpus: Corpus,
+        worker_index: int,
+        eval_batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
         self.train_config = train
         self.worker_index = worker_index
         model = build_model(
@@ -65,12 +88,8 @@ class Replica:
             worker=worker_index,
         )
         self.trainer = InnerTrainer(model, self.flat, sampler, train)
-        self.eval_batches = fixed_batches(
-            corpus.val,
-            batch_size=train.batch_size,
-            seq_len=train.seq_len,
-            n=train.eval_batches,
-            seed=train.seed,
+        self.eval_batches = (
+            eval_batches if eval_batches is not None else held_out_batches(corpus, train)
         )
         self.momentum = torch.zeros_like(self.flat.flat)
         self.theta_start = self.flat.clone()  # θ at the start of `round`

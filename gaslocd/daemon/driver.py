@@ -1,0 +1,118 @@
+"""One round of a daemon: roster → catch up / pace → plan → train → fill the wait →
+mix → resync / solo pacing → evaluate / checkpoint → report.
+
+Every decision is the protocol's (:mod:`gaslocd.protocol`), the same code the simulator
+runs; this driver supplies the clock, the awaits and the calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from gaslocd.daemon.membership import Membership
+from gaslocd.daemon.mixing import Mixer
+from gaslocd.daemon.runtime import Runtime
+from gaslocd.daemon.telemetry import RoundOutcome
+from gaslocd.protocol.plan import RoundSetup, plan_this_round
+from gaslocd.protocol.records import PeerRecord
+
+log = logging.getLogger(__name__)
+
+
+class RoundDriver:
+    def __init__(
+        self,
+        rt: Runtime,
+        membership: Membership,
+        mixer: Mixer,
+        checkpoint: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.rt, self.membership, self.mixer, self.checkpoint = rt, membership, mixer, checkpoint
+
+    async def run_round(self) -> None:
+        rt = self.rt
+        records = await self.membership.roster()
+        rt.policy.observe_roster(rt.clock(), records)
+        t = self._catch_up(rt.state.round, records)
+        records = await self.membership.pace(t, records)
+        rt.spawn(self.membership.publish())  # peers pace and catch up on our current round
+        setup = plan_this_round(
+            rt.algo,
+            rt.cfg.run_id,
+            rt.me,
+            t,
+            records,
+            rt.links,
+            rt.message_bytes,
+            rt.cfg.exchange_deadline_s,
+        )
+        await rt.thread.call(rt.state.begin_round)
+        began = rt.clock()
+        losses = await rt.thread.call(
+            rt.state.trainer.train_steps, setup.inner_steps, rt.thread.should_stop
+        )
+        if rt.state.trainer.last_step_s is not None and losses:
+            rt.links.record_step_time(rt.state.trainer.last_step_s)
+        if rt.algo.algo != "diloco" and rt.algo.adapt_h and setup.partners:
+            losses += await self._fill_wait(setup, len(losses))
+        exchange_began = rt.clock()
+        mixed = await self.mixer.mix(setup)
+        if rt.policy.should_resync(setup, mixed.exchanged):
+            await self.membership.resync(records)
+        exchange_s = rt.clock() - exchange_began
+        pause = rt.policy.solo_wait_s(setup, rt.clock() - began, rt.clock())
+        if pause > 0:
+            await asyncio.sleep(pause)  # a partnerless round lasts T (docs/design.md §1)
+        val = await self._evaluate_if_due()
+        if rt.cfg.checkpoint_dir and rt.state.round % rt.cfg.checkpoint_every == 0:
+            await self.checkpoint()
+        outcome = RoundOutcome(
+            setup=setup,
+            losses=losses,
+            val=val,
+            consensus=mixed.consensus,
+            idle_s=mixed.idle_s,
+            exchanged=mixed.exchanged,
+            row=mixed.row,
+            roster=setup.plan.roster if setup.plan is not None else (rt.me,),
+            compute_s=exchange_began - began,
+            exchange_s=exchange_s,
+            round_s=rt.clock() - began,
+            tokens=len(losses) * rt.state.trainer.tokens_per_step,
+        )
+        rt.progress(rt.telemetry.finish_round(outcome, rt.links, rt.state.round))
+
+    def _catch_up(self, t: int, records: list[PeerRecord]) -> int:
+        ahead = self.rt.policy.catch_up(t, records)
+        if ahead != t:
+            log.info("round %d: peers are at round %d, catching up", t, ahead)
+            with self.rt.state.lock:
+                self.rt.state.round = ahead
+        return ahead
+
+    async def _fill_wait(self, setup: RoundSetup, done: int) -> list[float]:
+        """Tell this round's partners we are ready, and train on until they are too
+        (the protocol's :class:`~gaslocd.protocol.policy.FillWait`)."""
+        rt = self.rt
+        for address in setup.partners.values():
+            rt.spawn(self.membership.notify_ready(address, setup.round))
+        fill = rt.policy.fill_wait(setup, done, rt.clock())
+        partners = list(setup.partners)
+        if fill is None or rt.server.partners_ready(setup.round, partners):
+            return []
+
+        def enough() -> bool:
+            ready = rt.server.partners_ready(setup.round, partners)
+            return rt.thread.should_stop() or fill.done(rt.clock(), ready)
+
+        return await rt.thread.call(rt.state.trainer.train_steps, fill.room, enough)
+
+    async def _evaluate_if_due(self) -> float | None:
+        rt = self.rt
+        due = rt.cfg.eval_every and rt.state.round % rt.cfg.eval_every == 0
+        last = rt.cfg.max_rounds and rt.state.round >= rt.cfg.max_rounds
+        if due or last or rt.stopping:
+            return await rt.thread.call(rt.state.evaluate)
+        return None

@@ -1,0 +1,373 @@
+"""One daemon's life: startup → rounds → graceful shutdown (docs/design.md §2).
+
+Order matters. The hivemind DHT (and, in DiLoCo mode, its averager) are child processes
+started first, from the main thread, before any gRPC object or torch thread pool exists:
+a fork copies those in a broken state. Then one uvloop event loop on the main thread owns
+signals, the gRPC server and channels, the heartbeat and the metrics; inner steps run on
+one training thread (:class:`~gaslocd.daemon.worker.TrainingThread`).
+
+The first SIGTERM or Ctrl-C stops training after the current step, finishes that round's
+exchange within its deadline, writes the checkpoint and withdraws the peer record. A
+second one abandons whatever is in progress — the round, or the final checkpoint (its
+write is atomic, so the previous checkpoint stays whole) — and exits promptly. The
+signal handlers that were installed before the daemon ran are restored when it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvloop
+
+from gaslocd import __version__
+from gaslocd.config import AlgoConfig, DaemonConfig, TrainConfig, WireConfig
+from gaslocd.daemon.driver import RoundDriver
+from gaslocd.daemon.membership import Membership, StartupError
+from gaslocd.daemon.metrics import DaemonMetrics
+from gaslocd.daemon.mixing import AllReduceMixer, GossipMixer, Mixer
+from gaslocd.daemon.report import RunLog
+from gaslocd.daemon.runtime import Runtime
+from gaslocd.daemon.telemetry import Telemetry
+from gaslocd.daemon.worker import TrainingThread
+from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
+from gaslocd.net.codecs import get_codec
+from gaslocd.net.discovery import Discovery, DiscoveryError
+from gaslocd.net.server import ExchangeServer
+from gaslocd.net.state import PeerState
+from gaslocd.net.validation import Identity, WireStats
+from gaslocd.protocol.policy import RoundPolicy
+from gaslocd.train.checkpoint import CheckpointError
+from gaslocd.train.data import load_corpus
+from gaslocd.train.model import count_parameters
+from gaslocd.train.worker import Worker, checkpoint_worker_index, worker_index_for
+
+__all__ = ["EXIT_OK", "EXIT_STARTUP", "Daemon", "StartupError"]
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_STARTUP = 0, 3
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+class Daemon:
+    """Build with validated configs (no I/O), then :meth:`run` it."""
+
+    def __init__(
+        self,
+        daemon: DaemonConfig,
+        algo: AlgoConfig,
+        train: TrainConfig,
+        wire: WireConfig,
+        *,
+        role: str,
+        progress: Callable[[str], None] = print,
+    ) -> None:
+        if role not in ("start", "join"):
+            raise ValueError(f"role must be start or join, got {role!r}")
+        if role == "join" and not daemon.bootstrap:
+            raise ValueError("join needs --bootstrap ADDRESS (printed by 'gaslocd start')")
+        self.cfg, self.algo, self.train, self.wire = daemon, algo.resolved(), train, wire
+        self.role, self.progress = role, progress
+        self.stats = WireStats()
+        self._signals = 0
+        self._force = asyncio.Event()
+        self._shutting_down = False
+        self._main: asyncio.Task[Any] | None = None
+        self.rt: Runtime | None = None
+
+    # -- entry point ---------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start the child processes, then the event loop; returns the exit status."""
+        corpus = load_corpus(self.train.data)
+        numel = count_parameters(
+            self.train.model, vocab_size=corpus.vocab_size, seq_len=self.train.seq_len
+        )
+        self.discovery = Discovery(
+            self.cfg.run_id,
+            initial_peers=self.cfg.bootstrap,
+            host=self.cfg.host,
+            dht_port=self.cfg.dht_port,
+            announce_host=self.cfg.announce_host,
+            record_ttl_s=self.cfg.record_ttl_s,
+        )
+        self.allreduce: HivemindAllReduce | None = None
+        try:
+            self.discovery.start()
+            if self.algo.algo == "diloco":
+                self.allreduce = HivemindAllReduce(
+                    self.discovery,
+                    prefix=f"{self.cfg.run_id}-diloco",
+                    numel=numel,
+                    target_group_size=max(2, self.cfg.min_peers),
+                    codec=self.cfg.codec,
+                )
+                self.allreduce.start()
+        except (DiscoveryError, AllReduceFailed) as exc:
+            self.discovery.shutdown()
+            raise StartupError(str(exc)) from exc
+        previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+        try:
+            self.me = self.discovery.peer_id
+            worker_index = worker_index_for(self.me)
+            if self.cfg.resume and self.cfg.checkpoint_dir:
+                worker_index = (
+                    checkpoint_worker_index(Path(self.cfg.checkpoint_dir)) or worker_index
+                )
+            self.state = Worker(self.train, corpus, worker_index)
+            self.metrics = DaemonMetrics(
+                self.stats,
+                peer_id=self.me,
+                run_id=self.cfg.run_id,
+                settings={
+                    "algo": self.algo.algo,
+                    "topology": self.algo.topology,
+                    "codec": self.cfg.codec,
+                    "model": self.train.model,
+                },
+            )
+            self.telemetry = Telemetry(self.metrics, RunLog(self.me), self.stats)
+            return uvloop.run(self._main_coroutine())
+        finally:
+            _restore_handlers(previous)
+            if self.allreduce is not None:
+                self.allreduce.shutdown()
+            self.discovery.shutdown()
+
+    def _build_runtime(self) -> Runtime:
+        server = ExchangeServer(
+            self.wire, Identity(self.cfg.run_id, self.me, self.state.fingerprint), self.stats
+        )
+        rt = Runtime(
+            cfg=self.cfg,
+            algo=self.algo,
+            train=self.train,
+            wire=self.wire,
+            role=self.role,
+            me=self.me,
+            state=self.state,
+            thread=TrainingThread(),
+            server=server,
+            discovery=self.discovery,
+            telemetry=self.telemetry,
+            policy=RoundPolicy(self.me, self.cfg.record_ttl_s, self.algo.h_upper),
+            progress=self.progress,
+            message_bytes=get_codec(self.cfg.codec).encoded_nbytes(self.state.numel),
+        )
+        mixer: Mixer = (
+            AllReduceMixer(rt, self.allreduce) if self.allreduce is not None else GossipMixer(rt)
+        )
+        self.membership = Membership(rt)
+        self.driver = RoundDriver(rt, self.membership, mixer, self._checkpoint)
+        return rt
+
+    async def _main_coroutine(self) -> int:
+        self._main = asyncio.current_task()
+        self._force = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in _SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal)
+        self.rt = rt = self._build_runtime()
+        started = False
+        try:
+            await self._startup()
+            started = True
+            rt.telemetry.runlog.start_clock()  # idle fraction counts from the first round
+            while not rt.stopping and not (
+                self.cfg.max_rounds and rt.state.round >= self.cfg.max_rounds
+            ):
+                await self.driver.run_round()
+            return EXIT_OK
+        except asyncio.CancelledError:
+            if self._signals == 0:
+                raise
+            log.warning("second signal: abandoning the round")
+            return EXIT_OK
+        finally:
+            await self._shutdown(started)
+            for sig in _SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self) -> None:
+        self._signals += 1
+        assert self.rt is not None
+        if self._signals == 1:
+            self.progress(
+                "stopping: finishing this round's exchange, then checkpoint and leave "
+                "(again to force)"
+            )
+            self.rt.stopping = True
+            self.rt.thread.stop.set()
+            return
+        self._force.set()  # abandons the final checkpoint, if that is what runs
+        if not self._shutting_down and self._main is not None and not self._main.done():
+            self._main.cancel()
+
+    # -- startup -------------------------------------------------------------------------
+
+    async def _startup(self) -> None:
+        rt, cfg = self._runtime(), self.cfg
+        try:
+            port = await rt.server.start(cfg.host, cfg.port)
+        except Exception as exc:
+            raise StartupError(
+                f"cannot listen on {cfg.host}:{cfg.port} ({exc}); "
+                "is another daemon using that port? pass --port 0 for a free one"
+            ) from exc
+        rt.address = cfg.grpc_address(port)
+        rt.server.set_state_provider(self._state_for_newcomer)
+        rt.server.set_status_provider(self._status_fields)
+        metrics_text = ""
+        if cfg.metrics_port is not None:
+            try:
+                bound = self.metrics.serve(cfg.metrics_port, cfg.host)
+            except OSError as exc:
+                raise StartupError(
+                    f"cannot serve metrics on port {cfg.metrics_port}: {exc}"
+                ) from exc
+            metrics_text = f" metrics :{bound}"
+        if cfg.resume:
+            await self._restore()
+        if self.role == "join" or cfg.resume:
+            network_round = await self.membership.join_network()
+            if network_round is not None and (network_round > 0 or cfg.min_peers == 1):
+                rt.active_from = max(rt.state.round, network_round) + cfg.join_lead_rounds
+        await self.membership.publish()
+        # Heartbeats start now, not after the lobby: a record not refreshed while we wait
+        # for peers would expire and make us invisible to the very peers we wait for.
+        rt.spawn(self.membership.heartbeat())
+        bootstrap = self.discovery.bootstrap_addresses()
+        if cfg.address_file:
+            Path(cfg.address_file).write_text("\n".join(bootstrap) + "\n")
+        self.progress(
+            f"gaslocd {__version__} {self.role}: peer {rt.me} run {cfg.run_id} "
+            f"gRPC {rt.address} round {rt.state.round} (active from {rt.active_from}), "
+            f"model {self.train.model} {rt.state.numel:,} params, "
+            f"{self.algo.algo}/{self.algo.topology} codec {cfg.codec}{metrics_text}"
+        )
+        self.progress(f"bootstrap address: {bootstrap[0]}")
+        if cfg.min_peers > 1 and rt.active_from == 0:  # a run that has not started yet
+            await self.membership.lobby()
+
+    def _runtime(self) -> Runtime:
+        assert self.rt is not None, "the runtime exists once the event loop runs"
+        return self.rt
+
+    async def _restore(self) -> None:
+        directory = Path(self.cfg.checkpoint_dir or ".")
+        try:
+            await self._runtime().thread.call(self.state.restore, directory)
+        except CheckpointError as exc:
+            raise StartupError(f"cannot resume: {exc}") from exc
+        self.progress(f"resumed from {directory} at round {self.state.round}")
+
+    # -- state for others, status, checkpoints ---------------------------------------------
+
+    def _state_for_newcomer(self) -> PeerState:
+        snap = self.state.snapshot()
+        return PeerState(
+            round=snap.round,
+            data_position=snap.data_position,
+            tensors={"theta": snap.theta, "outer_momentum": snap.momentum},
+        )
+
+    def _status_fields(self) -> dict[str, object]:
+        runlog = self.telemetry.runlog
+        return {
+            "round": self.state.round,
+            "inner_steps": runlog.last_inner_steps,
+            "train_loss": runlog.last_train_loss,
+            "val_loss": runlog.last_val_loss,
+            "peers": runlog.last_roster_size,
+            "idle_fraction": round(runlog.idle_fraction(), 4),
+            "algo": f"{self.algo.algo}/{self.algo.topology}",
+            "codec": self.cfg.codec,
+            "model": self.train.model,
+            "address": self._runtime().address,
+        }
+
+    async def _checkpoint(self) -> None:
+        directory = Path(self.cfg.checkpoint_dir or ".")
+        directory.mkdir(parents=True, exist_ok=True)
+        extra = {"run_id": self.cfg.run_id, "peer_id": self.me, "saved_at": time.time()}
+        path = await self._runtime().thread.call(self.state.save, directory, extra)
+        log.info("checkpoint of round %d written to %s", self.state.round, path)
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    async def _shutdown(self, started: bool) -> None:
+        """Ordered and bounded: stop tasks, checkpoint, withdraw, stop serving, report.
+
+        Runs even when the main task was cancelled by a second signal; each step that
+        could take long gives way to a (further) second signal.
+        """
+        self._shutting_down = True
+        rt = self._runtime()
+        for task in list(rt.tasks):
+            task.cancel()
+        await asyncio.gather(*rt.tasks, return_exceptions=True)
+        if (
+            started
+            and self.cfg.checkpoint_dir
+            and not self._force.is_set()
+            and not await self._unless_forced(self._checkpoint(), self.cfg.shutdown_grace_s)
+        ):
+            log.warning("final checkpoint abandoned; the previous one is kept")
+        if started and not self._force.is_set():
+            await self._unless_forced(self.discovery.withdraw(), 5.0)
+        await rt.server.stop(0.5 if self._force.is_set() else 2.0)
+        self.metrics.stop()
+        rt.thread.shutdown(wait=not self._force.is_set())
+        runlog = rt.telemetry.runlog
+        if started and self.cfg.summary_json:
+            runlog.write_summary(Path(self.cfg.summary_json), self._summary_args(), self.stats)
+        if started:
+            self.progress(runlog.closing_line(self.stats))
+
+    async def _unless_forced(self, coro: Any, timeout_s: float) -> bool:
+        """Run ``coro`` for at most ``timeout_s``; give up at once on a second signal.
+
+        Shielded from the main task's cancellation (a second signal cancels it): the
+        force event is what ends the wait, so the rest of the shutdown still runs."""
+        job = asyncio.ensure_future(coro)
+        force = asyncio.ensure_future(self._force.wait())
+        try:
+            done, _ = await asyncio.shield(
+                asyncio.wait({job, force}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            )
+        except asyncio.CancelledError:
+            done = set()
+        finally:
+            force.cancel()
+        if job not in done:
+            job.cancel()
+            return False
+        if job.exception() is not None:
+            log.error("shutdown step failed: %s", job.exception())
+            return False
+        return True
+
+    def _summary_args(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "daemon": asdict(self.cfg),
+            "algo": asdict(self.algo),
+            "train": asdict(self.train),
+        }
+
+
+def _restore_handlers(previous: dict[signal.Signals, _Handler]) -> None:
+    """Put back the handlers the embedding program had before :meth:`Daemon.run`."""
+    for sig, handler in previous.items():
+        with contextlib.suppress(ValueError, TypeError):  # not the main thread, or None
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

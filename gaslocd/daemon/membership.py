@@ -1,0 +1,197 @@
+"""Who is in the run, from this daemon's side: its record, the roster, joining, pacing,
+taking a live peer's state (a newcomer, a resumed checkpoint far behind, a peer cut off).
+
+The decisions (whom to wait for, for how long, when to resynchronise) are the protocol's
+(:mod:`gaslocd.protocol.policy`); this module does the waiting and the calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+
+from gaslocd import __version__
+from gaslocd.daemon.runtime import Runtime
+from gaslocd.net.discovery import DiscoveryError
+from gaslocd.protocol.policy import resync_sources
+from gaslocd.protocol.records import PeerRecord
+
+log = logging.getLogger(__name__)
+
+RESYNC_ROUNDS = 5  # a resumed checkpoint further behind the network takes the network's θ
+READY_TIMEOUT_S = 5.0  # a Ready notice is tiny; a partner that does not take it is gone
+RESUME_LOOKAROUND_S = 10.0  # how long a resumed daemon looks for peers before going alone
+STATE_FETCH_TIMEOUT_S = 120.0
+POLL_S = 0.25  # DHT polling interval; every poll loop is bounded by a deadline
+
+
+class StartupError(RuntimeError):
+    """The daemon could not start; the message is for the user (exit status 3)."""
+
+
+class Membership:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    # -- the roster ----------------------------------------------------------------------
+
+    async def roster(self) -> list[PeerRecord]:
+        """This model's fresh records; empty (train alone this round) if the DHT fails."""
+        try:
+            return await self.rt.discovery.roster(self.rt.state.fingerprint)
+        except DiscoveryError as exc:
+            log.warning("roster unavailable this round, training alone: %s", exc)
+            return []
+
+    async def others(self) -> list[PeerRecord]:
+        records = await self.rt.discovery.roster(self.rt.state.fingerprint)
+        return [r for r in records if r.peer_id != self.rt.me]
+
+    def record(self) -> PeerRecord:
+        rt = self.rt
+        return PeerRecord(
+            peer_id=rt.me,
+            address=rt.address,
+            fingerprint=rt.state.fingerprint,
+            round=rt.state.round,
+            inner_steps=rt.telemetry.runlog.last_inner_steps or rt.algo.inner_steps,
+            step_time_s=float(rt.links.step_time_s or 0.0),
+            bandwidth_bytes_per_s=float(rt.links.own_bandwidth()),
+            version=__version__,
+            started_at=rt.telemetry.runlog.started_at,
+            active_from=rt.active_from,
+        )
+
+    async def publish(self) -> None:
+        try:
+            await self.rt.discovery.publish(self.record())
+        except DiscoveryError as exc:
+            log.warning("publishing our record failed (retrying at the next heartbeat): %s", exc)
+
+    async def heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.rt.cfg.heartbeat_s)
+            try:
+                await self.publish()
+            except Exception:  # a heartbeat that dies silently would drop us from rosters
+                log.exception("heartbeat failed; retrying at the next one")
+
+    async def pace(self, t: int, records: list[PeerRecord]) -> list[PeerRecord]:
+        """Wait (bounded) while the protocol says an active peer is too far behind ``t``."""
+        rt = self.rt
+        until = rt.policy.pace_until(rt.clock(), rt.cfg.exchange_deadline_s)
+        while not rt.stopping and rt.clock() < until and rt.policy.behind(t, records):
+            await asyncio.sleep(0.1)  # polling the DHT, bounded by `until`
+            with contextlib.suppress(DiscoveryError):
+                records = await rt.discovery.roster(rt.state.fingerprint)
+        return records
+
+    async def notify_ready(self, address: str, round_: int) -> None:
+        try:
+            await self.rt.server.client.notify_ready(address, round_, READY_TIMEOUT_S)
+        except Exception as exc:  # the exchange itself reports an unreachable partner
+            log.debug("round %d: Ready notice to %s failed: %s", round_, address, exc)
+
+    # -- joining -------------------------------------------------------------------------
+
+    async def join_network(self) -> int | None:
+        """Find live peers; a newcomer takes the most advanced one's state (GetState).
+
+        A resumed daemon keeps its own θ unless its checkpoint is more than
+        ``RESYNC_ROUNDS`` behind the network: then its θ is far from everyone's (peers
+        would refuse it by the norm bound for good), and the network's θ, which already
+        holds what this peer contributed before it stopped, is the better start. Its
+        AdamW state and data position still come from the checkpoint.
+        """
+        rt, cfg = self.rt, self.rt.cfg
+        wait_s = min(cfg.min_peers_timeout_s, RESUME_LOOKAROUND_S) if cfg.resume else None
+        wait_s = wait_s or cfg.min_peers_timeout_s
+        deadline = rt.clock() + wait_s
+        others: list[PeerRecord] = []
+        while not others:
+            if rt.stopping or rt.clock() > deadline:
+                if cfg.resume:
+                    return None  # resume alone
+                raise StartupError(
+                    f"no peer of run {cfg.run_id!r} with this model answered within "
+                    f"{wait_s:g} s (check --bootstrap, --run-id and --model)"
+                )
+            with contextlib.suppress(DiscoveryError):
+                others = await self.others()
+            if not others:
+                await asyncio.sleep(POLL_S)
+        network_round = max(r.round for r in others)
+        if cfg.resume:
+            lag = network_round - rt.state.round
+            if lag <= RESYNC_ROUNDS:
+                rt.state.round = max(rt.state.round, network_round)
+                return network_round
+            rt.progress(
+                f"checkpoint is {lag} rounds behind the network: taking its θ and outer "
+                "momentum (AdamW state and data position kept from the checkpoint)"
+            )
+        return await self.fetch_state(others)
+
+    async def lobby(self) -> None:
+        """Wait until ``min_peers`` peers (self included) are in the roster of the next round."""
+        rt, cfg = self.rt, self.rt.cfg
+        deadline = rt.clock() + cfg.min_peers_timeout_s
+        while not rt.stopping:
+            with contextlib.suppress(DiscoveryError):
+                records = await rt.discovery.roster(rt.state.fingerprint)
+                if len([r for r in records if r.active_from <= rt.state.round]) >= cfg.min_peers:
+                    return
+            if rt.clock() > deadline:
+                raise StartupError(
+                    f"fewer than {cfg.min_peers} peers joined within {cfg.min_peers_timeout_s:g} s"
+                )
+            await asyncio.sleep(POLL_S)
+
+    async def fetch_state(self, others: list[PeerRecord]) -> int:
+        """Take θ, m and the round from the first of ``others`` that answers well."""
+        rt = self.rt
+        expected = {"theta": rt.state.numel, "outer_momentum": rt.state.numel}
+        errors = []
+        for record in resync_sources(others, rt.me):
+            try:
+                state = await rt.server.client.fetch_state(
+                    record.address, expected, STATE_FETCH_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    raise StartupError(
+                        f"peer {record.address} refused our join token: {exc.details()}"
+                    ) from exc
+                errors.append(f"{record.address}: {exc.code().name} {exc.details()}")
+                continue
+            except Exception as exc:  # a refused or malformed state: try another peer
+                errors.append(f"{record.address}: {exc}")
+                continue
+            # Never step back: the wire refuses to reopen a round it already served.
+            await rt.thread.call(
+                rt.state.adopt,
+                max(state.round, rt.state.round),
+                state.tensors["theta"],
+                state.tensors["outer_momentum"],
+            )
+            rt.progress(f"took state of round {state.round} from {record.address}")
+            return state.round
+        raise StartupError("could not fetch the run's state from any peer: " + "; ".join(errors))
+
+    async def resync(self, records: list[PeerRecord]) -> None:
+        """Take a live peer's state after rounds with partners and no exchange, keeping
+        our AdamW state and data position: how a peer comes back after a partition (once
+        its θ is further from its partners' than their norm bound, gossip cannot)."""
+        others = resync_sources(records, self.rt.me)
+        if not others:
+            return
+        try:
+            round_ = await self.fetch_state(others)
+        except StartupError as exc:  # nobody answered: keep training, try again later
+            log.warning("could not resynchronize: %s", exc)
+            return
+        self.rt.telemetry.count_failure("resync")
+        log.warning("no exchange succeeded for several rounds: took the state of round %d", round_)

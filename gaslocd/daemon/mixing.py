@@ -1,0 +1,131 @@
+"""How a round's θ̃ meets the others': gossip with this round's partners, or DiLoCo's
+all-reduce. Both sit behind :class:`Mixer`, so the round driver does not know which runs.
+
+Both end in the train layer's outer step (:class:`~gaslocd.train.worker.Worker`), the
+same code the simulator calls; which exchanges count and the row of W they give come
+from the protocol (:func:`~gaslocd.protocol.policy.counted_exchanges`,
+:func:`~gaslocd.protocol.policy.mixing_row`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from gaslocd.daemon.runtime import Runtime
+from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
+from gaslocd.net.codecs import ErrorFeedback, get_codec
+from gaslocd.net.rendezvous import ExchangeResult
+from gaslocd.protocol.plan import RoundSetup
+from gaslocd.protocol.policy import counted_exchanges, mixing_row
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MixResult:
+    consensus: float | None  # RMS distance to the partners' θ̃ (None: nothing mixed)
+    idle_s: float  # waiting on others, not moving our own bytes
+    exchanged: int  # partners (or all-reduce group members) whose θ̃ entered the mix
+    row: dict[str, float] = field(default_factory=dict)  # our row of W as applied
+
+
+class Mixer(Protocol):
+    async def mix(self, setup: RoundSetup) -> MixResult:
+        """Exchange this round's θ̃, then take the outer step (advances the round)."""
+
+
+class GossipMixer:
+    """Stream θ̃ to this round's partners over gRPC and mix what arrives."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.codec = get_codec(rt.cfg.codec)
+        numel = rt.state.numel
+        self.feedback = None if self.codec.lossless else ErrorFeedback(self.codec, numel)
+        self._buffers: list[torch.Tensor] = []
+
+    async def mix(self, setup: RoundSetup) -> MixResult:
+        rt, me = self.rt, self.rt.me
+        if not setup.partners or setup.plan is None:
+            row = {me: 1.0}
+            await rt.thread.call(rt.state.outer_update, row, {}, me, rt.algo.outer)
+            return MixResult(None, 0.0, 0, row)
+        await rt.server.open_round(
+            setup.round,
+            rt.state.flat.flat,
+            setup.partners,
+            codec=rt.cfg.codec,
+            feedback=self.feedback,
+            roster_digest=setup.digest,
+            receive_buffers=self._receive_buffers(len(setup.partners)),
+        )
+        began = rt.clock()
+        outcomes = await rt.server.exchange_round(setup.round, setup.deadline_s)
+        elapsed = rt.clock() - began
+        received: dict[str, torch.Tensor] = {}
+        refused_ours: set[str] = set()
+        transfer = 0.0
+        for peer, outcome in outcomes.items():
+            if not isinstance(outcome, ExchangeResult):
+                log.info(
+                    "round %d: no exchange with %s: %s (%s)",
+                    setup.round,
+                    peer,
+                    outcome.reason,
+                    outcome.detail,
+                )
+                continue
+            received[peer] = outcome.theta
+            if outcome.peer_refusal is not None:
+                log.info("round %d: %s refused our θ̃ (%s)", setup.round, peer, outcome.peer_refusal)
+                rt.telemetry.count_failure("one-sided")
+                refused_ours.add(peer)
+                continue
+            rt.links.record_transfer(peer, outcome.transfer_s, outcome.bytes_received)
+            transfer = max(transfer, outcome.transfer_s)
+        counted = counted_exchanges(received, refused_ours)
+        row = mixing_row(setup, me, counted)
+        used = {p: received[p] for p in counted}
+        consensus = await rt.thread.call(rt.state.outer_update, row, used, me, rt.algo.outer)
+        return MixResult(consensus if used else None, max(0.0, elapsed - transfer), len(used), row)
+
+    def _receive_buffers(self, n: int) -> list[torch.Tensor]:
+        """Model-sized float32 buffers for partners' θ̃, reused across rounds (one per
+        partner): allocating fresh ones every round costs more than the copy itself."""
+        while len(self._buffers) < n:
+            self._buffers.append(torch.empty(self.rt.state.numel, dtype=torch.float32))
+        return self._buffers[:n]
+
+
+class AllReduceMixer:
+    """DiLoCo: all-reduce the pseudo-gradient Δ = θ − θ̃ through hivemind's averager."""
+
+    def __init__(self, rt: Runtime, allreduce: HivemindAllReduce) -> None:
+        self.rt, self.allreduce = rt, allreduce
+
+    async def mix(self, setup: RoundSetup) -> MixResult:
+        rt = self.rt
+        state = rt.state
+        delta = await rt.thread.call(lambda: state.theta_start - state.flat.flat)
+        began = rt.clock()
+        try:
+            average, group = await self.allreduce.average(
+                setup.round, delta, timeout_s=setup.deadline_s
+            )
+        except AllReduceFailed as exc:
+            log.info(
+                "round %d: no all-reduce (%s); stepping on our own pseudo-gradient",
+                setup.round,
+                exc,
+            )
+            rt.telemetry.count_failure("allreduce")
+            average, group = delta, 1
+        await rt.thread.call(state.outer_update_from_average, average, rt.algo.outer)
+        # Idle: the wait for the group to form (everyone waits for the last arrival at the
+        # barrier); with no group, the whole failed attempt.
+        idle = self.allreduce.last_group_wait_s if group > 1 else rt.clock() - began
+        return MixResult(None, idle, group - 1, {})

@@ -1,0 +1,68 @@
+"""Where a round's outcome goes: the Prometheus metrics, the run log and the progress line.
+
+One place counts idle time, so the metric, the progress line, ``gaslocd status`` and the
+JSON summary cannot disagree about it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gaslocd.daemon.metrics import DaemonMetrics
+from gaslocd.daemon.report import RunLog
+from gaslocd.net.validation import WireStats
+from gaslocd.protocol.plan import LinkEstimates, RoundSetup
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round did, as the driver hands it over."""
+
+    setup: RoundSetup
+    losses: list[float]
+    val: float | None
+    consensus: float | None
+    idle_s: float
+    exchanged: int
+    row: dict[str, float]  # this peer's row of W as applied (after failed exchanges)
+    roster: tuple[str, ...]  # the sorted roster the row refers to
+    compute_s: float
+    exchange_s: float
+    round_s: float
+    tokens: int
+
+
+class Telemetry:
+    def __init__(self, metrics: DaemonMetrics, runlog: RunLog, stats: WireStats) -> None:
+        self.metrics, self.runlog, self.stats = metrics, runlog, stats
+
+    def count_failure(self, reason: str) -> None:
+        self.metrics.count_failure(reason)
+
+    def finish_round(self, out: RoundOutcome, links: LinkEstimates, round_now: int) -> str:
+        """Record the round everywhere; returns its progress line."""
+        self.metrics.tokens += out.tokens
+        self.metrics.idle_seconds += out.idle_s
+        self.metrics.exchange_seconds.observe(out.exchange_s)
+        line = self.runlog.add(out, self.stats)
+        self._export(out, links, round_now)
+        return line
+
+    def _export(self, out: RoundOutcome, links: LinkEstimates, round_now: int) -> None:
+        m, setup = self.metrics, out.setup
+        m.rounds += 1
+        m.round.set(round_now)
+        m.inner_steps.set(setup.inner_steps)
+        m.peers.set(setup.roster_size)
+        m.partners.set(len(setup.partners))
+        if out.losses:
+            m.train_loss.set(sum(out.losses) / len(out.losses))
+        if out.val is not None:
+            m.val_loss.set(out.val)
+        if out.consensus is not None:
+            m.consensus.set(out.consensus)
+        if links.step_time_s is not None:
+            m.step_seconds.set(links.step_time_s)
+        if links.bandwidth:
+            m.bandwidth.set(links.own_bandwidth())
+        m.idle_ratio.set(self.runlog.idle_fraction())

@@ -1,0 +1,135 @@
+"""The rules between planning a round and finishing it, as decisions on inputs.
+
+Each rule takes what the peer knows (records, its round, how many exchanges worked) and
+the clock's ``now``, and returns what to do. The daemon's round driver and the
+simulator call the same methods; only where ``now`` comes from differs.
+
+- **Catch up.** Others at least ``CATCH_UP_ROUNDS`` ahead (by the median of active
+  peers' rounds, so a single record at a huge round drags no one): jump to their round.
+  Round numbers only name pairings, so skipping some loses no training.
+- **Pace.** Never run more than ``MAX_LEAD_ROUNDS`` ahead of an active peer: wait for
+  it (bounded by the exchange deadline). The gap between the two rules keeps normal
+  jitter from ever skipping a round.
+- **Fill the wait.** A peer that finished its planned H before its partners keeps
+  training (up to H_max and the exchange deadline) until every partner said Ready.
+- **Solo rounds take T.** A round without partners, while others exist, lasts the
+  target round time: otherwise a sitting-out peer would race ahead in round numbers.
+- **Resynchronise.** ``RESYNC_AFTER_FAILED_ROUNDS`` rounds in a row with partners and
+  no exchange (a healed partition whose θ the norm bound now refuses): take a live
+  peer's state.
+- **Which exchanges count.** Only those where both sides took the other's θ̃: using a
+  θ̃ whose sender refused ours would make the round's W one-sided.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gaslocd.algorithm.outer import renormalized_weights
+from gaslocd.protocol.plan import FIRST_DEADLINE_S, RoundSetup
+from gaslocd.protocol.records import PeerRecord
+
+MAX_LEAD_ROUNDS = 1
+CATCH_UP_ROUNDS = 2
+RESYNC_AFTER_FAILED_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class FillWait:
+    """Keep training after the planned H until partners are ready, within limits."""
+
+    room: int  # steps at most (H_max minus the steps already taken)
+    until: float  # clock time at which filling stops regardless (the exchange deadline)
+
+    def done(self, now: float, partners_ready: bool) -> bool:
+        """Checked before each extra step: stop once every partner is ready, or at the
+        deadline (a dead partner is then the exchange's problem, as without filling)."""
+        return partners_ready or now >= self.until
+
+
+def catch_up_round(t: int, records: Sequence[PeerRecord], me: str, min_gap: int) -> int:
+    """``t``, or the round the active others are in when at least ``min_gap`` ahead.
+
+    "The others" is the round at least half of them reached (median_low), not the
+    highest one: one peer publishing a huge round (a bug, or hostile) drags no one.
+    """
+    others = [r.round for r in records if r.peer_id != me and r.active_from <= r.round]
+    ahead = statistics.median_low(others) if others else t
+    return ahead if ahead >= t + min_gap else t
+
+
+def counted_exchanges(received: Iterable[str], refused_ours: Iterable[str]) -> set[str]:
+    """Partners whose θ̃ enters the mix: received, and who did not refuse ours."""
+    return set(received) - set(refused_ours)
+
+
+def mixing_row(setup: RoundSetup, me: str, counted: Iterable[str]) -> dict[str, float]:
+    """This round's row of W over the exchanges that counted (renormalised: a dropped
+    partner's weight returns to oneself, which keeps W doubly stochastic when the drop
+    is mutual, as it is by :func:`counted_exchanges`)."""
+    return renormalized_weights(setup.mixing_row(me), me, set(counted))
+
+
+def resync_sources(records: Sequence[PeerRecord], me: str) -> list[PeerRecord]:
+    """Whom to ask for state, in order: the most advanced other peers first."""
+    return sorted((r for r in records if r.peer_id != me), key=lambda r: -r.round)
+
+
+class RoundPolicy:
+    """One peer's memory between rounds, and the rules that use it."""
+
+    def __init__(self, me: str, record_ttl_s: float, h_upper: int) -> None:
+        self.me = me
+        self.record_ttl_s = record_ttl_s
+        self.h_upper = h_upper
+        self.others_seen_at = -math.inf  # when the roster last held another peer
+        self.failed_rounds = 0  # consecutive rounds with partners and no exchange
+
+    def observe_roster(self, now: float, records: Sequence[PeerRecord]) -> None:
+        if any(r.peer_id != self.me for r in records):
+            self.others_seen_at = now
+
+    def catch_up(self, t: int, records: Sequence[PeerRecord]) -> int:
+        return catch_up_round(t, records, self.me, CATCH_UP_ROUNDS)
+
+    def pace_until(self, now: float, fixed_deadline_s: float | None) -> float:
+        """How long pacing may wait at most: one exchange deadline (then the slow peer
+        is either back or its record expires)."""
+        return now + (fixed_deadline_s or FIRST_DEADLINE_S)
+
+    def behind(self, t: int, records: Sequence[PeerRecord]) -> list[PeerRecord]:
+        """Active peers more than ``MAX_LEAD_ROUNDS`` behind round ``t``: wait for them."""
+        return [
+            r
+            for r in records
+            if r.peer_id != self.me and r.active_from <= r.round < t - MAX_LEAD_ROUNDS
+        ]
+
+    def fill_wait(self, setup: RoundSetup, steps_done: int, now: float) -> FillWait | None:
+        """The fill for this round, or None when there is nothing to wait for."""
+        room = self.h_upper - steps_done
+        if not setup.partners or room <= 0:
+            return None
+        return FillWait(room=room, until=now + setup.deadline_s)
+
+    def solo_wait_s(self, setup: RoundSetup, elapsed_s: float, now: float) -> float:
+        """Seconds a partnerless round should still last, so that it takes T."""
+        if setup.partners or setup.target_round_s is None:
+            return 0.0
+        if now - self.others_seen_at >= self.record_ttl_s:
+            return 0.0  # truly alone: nobody to keep pace with
+        return max(0.0, min(setup.target_round_s - elapsed_s, setup.target_round_s))
+
+    def should_resync(self, setup: RoundSetup, exchanged: int) -> bool:
+        """Count rounds with partners and no exchange; True when it is time to resync."""
+        if not setup.partners or exchanged:
+            self.failed_rounds = 0
+            return False
+        self.failed_rounds += 1
+        if self.failed_rounds < RESYNC_AFTER_FAILED_ROUNDS:
+            return False
+        self.failed_rounds = 0
+        return True
