@@ -142,6 +142,10 @@ class DaemonMetrics:
                 **dict(settings or {}),
             }
         )
+        self._add_round_metrics(r)
+
+    def _add_round_metrics(self, r: CollectorRegistry) -> None:
+        """The per-round gauges; those unknown until measured start at NaN, not a fake 0."""
         self.round = Gauge("gasloc_round", "Current outer round number", registry=r)
         self.inner_steps = Gauge(
             "gasloc_inner_steps", "Local steps H of the last round", registry=r

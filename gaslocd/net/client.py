@@ -153,22 +153,8 @@ class PeerClient:
         try:
             sent, (received, refusal) = await run_duplex(send(), receive())
             done = True
-        except Refusal as refusal_exc:
-            self.stats.rejected[refusal_exc.reason] += 1
-            call.cancel()
-            return ExchangeFailure(
-                peer,
-                f"rejected:{refusal_exc.reason}",
-                refusal_exc.detail,
-                "dial",
-                loop.time() - start,
-            )
-        except PeerRefused as refused:
-            return ExchangeFailure(
-                peer, f"refused:{refused.reason}", refused.detail, "dial", loop.time() - start
-            )
-        except grpc.aio.AioRpcError as err:
-            return failure_from_rpc(peer, err, "dial", loop.time() - start)
+        except (Refusal, PeerRefused, grpc.aio.AioRpcError) as exc:
+            return self._failure(peer, exc, loop.time() - start)
         finally:
             if receiver is not None:
                 await receiver.close()
@@ -189,6 +175,17 @@ class PeerClient:
             transfer_s=timing["done"] - timing["header"],
             peer_refusal=refusal,
         )
+
+    def _failure(
+        self, peer: str, exc: Refusal | PeerRefused | grpc.aio.AioRpcError, elapsed_s: float
+    ) -> ExchangeFailure:
+        """A dial that ended early, as the failure the round driver logs and counts."""
+        if isinstance(exc, Refusal):  # the partner's data failed our checks
+            self.stats.rejected[exc.reason] += 1
+            return ExchangeFailure(peer, f"rejected:{exc.reason}", exc.detail, "dial", elapsed_s)
+        if isinstance(exc, PeerRefused):  # the partner refused our request
+            return ExchangeFailure(peer, f"refused:{exc.reason}", exc.detail, "dial", elapsed_s)
+        return failure_from_rpc(peer, exc, "dial", elapsed_s)
 
     def _check_reply(
         self, first: object, offer: RoundOffer, peer: str, out: torch.Tensor
