@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import platform
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -99,7 +99,7 @@ class _WireCollector(Collector):
             "gasloc_idle_seconds",
             "Seconds spent waiting for partners (rate() of it is the idle fraction)",
         )
-        idle.add_metric([], t.idle_seconds)
+        idle.add_metric([], t.idle_total())
         tokens = CounterMetricFamily("gasloc_tokens", "Tokens trained on by this daemon")
         tokens.add_metric([], t.tokens)
         rounds = CounterMetricFamily(
@@ -127,7 +127,8 @@ class DaemonMetrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
-        self.idle_seconds = 0.0
+        # Idle time is counted once, in the run log; the scrape reads it from there.
+        self.idle_total: Callable[[], float] = lambda: 0.0
         self.tokens = 0
         self.rounds = 0
         self.extra_failures: dict[str, int] = {}

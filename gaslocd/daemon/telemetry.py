@@ -35,6 +35,7 @@ class RoundOutcome:
 class Telemetry:
     def __init__(self, metrics: DaemonMetrics, runlog: RunLog, stats: WireStats) -> None:
         self.metrics, self.runlog, self.stats = metrics, runlog, stats
+        metrics.idle_total = lambda: runlog.idle_s  # one idle counter
 
     def count_failure(self, reason: str) -> None:
         self.metrics.count_failure(reason)
@@ -42,7 +43,6 @@ class Telemetry:
     def finish_round(self, out: RoundOutcome, links: LinkEstimates, round_now: int) -> str:
         """Record the round everywhere; returns its progress line."""
         self.metrics.tokens += out.tokens
-        self.metrics.idle_seconds += out.idle_s
         self.metrics.exchange_seconds.observe(out.exchange_s)
         line = self.runlog.add(out, self.stats)
         self._export(out, links, round_now)
