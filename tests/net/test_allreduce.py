@@ -1,71 +1,167 @@
 """DiLoCo all-reduce through hivemind's averager: real DHT nodes and averager processes.
 
-Each peer here is one Discovery (a DHT child process) plus one HivemindAllReduce (an
-averager child process), driven from one event loop as the daemon would drive its own.
+Each peer is one process of its own (tests/net/avg_peer.py): a Discovery (a DHT child
+process) plus a HivemindAllReduce (an averager child process), driven over stdin/stdout
+with one JSON line per command and per answer. Peers must not share a parent: hivemind's
+children share their parent's ``MPFuture`` lock, and a peer SIGKILLed while one of its
+children held that lock once wedged the survivors (and every later hivemind start in the
+test process) when all peers lived here. Every wait for a peer is bounded.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
+from gaslocd.net.allreduce import HivemindAllReduce
 from gaslocd.net.discovery import Discovery
 
+ROOT = Path(__file__).resolve().parents[2]
+PEER_SCRIPT = Path(__file__).with_name("avg_peer.py")
 NUMEL = 100_003  # not a multiple of hivemind's part size, so the last part is short
 MATCHMAKING_S = 2.0
+START_S = 120.0  # a peer imports torch and hivemind and starts two children: slow on 2 cores
+REPLY_SLACK_S = 30.0  # beyond a call's own timeout: loading and saving tensors, scheduling
 
 
+@dataclass
+class Outcome:
+    """One peer's answer to one ``average`` call (``tensor`` is None when it failed)."""
+
+    tensor: torch.Tensor | None
+    group_size: int
+    error: str | None
+    message: str
+    elapsed_s: float
+
+
+class Peer:
+    """The test's handle on one avg_peer.py process."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], name: str, work: Path) -> None:
+        self.proc, self.name, self.work = proc, name, work
+        self.lines: queue.Queue[bytes | None] = queue.Queue()
+        self.calls = 0
+        self.timeout_s = 0.0  # the latest call's timeout
+        self.hello: dict[str, Any] = {}
+        threading.Thread(target=self._pump, name=f"pump-{name}", daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # end of output: the peer exited
+
+    def stderr_tail(self) -> str:
+        return (self.work / f"{self.name}.err").read_text(errors="replace")[-3000:]
+
+    def read(self, limit_s: float) -> dict[str, Any] | None:
+        """The peer's next JSON line, or None when it exited; fails after ``limit_s``."""
+        try:
+            line = self.lines.get(timeout=limit_s)
+        except queue.Empty:
+            raise AssertionError(
+                f"{self.name} said nothing within {limit_s} s:\n{self.stderr_tail()}"
+            ) from None
+        return None if line is None else json.loads(line)
+
+    def send(self, command: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def begin(
+        self, round: int, tensor: torch.Tensor, timeout_s: float, kill_at: str | None = None
+    ) -> None:
+        """Start an ``average`` call; :meth:`end` collects its outcome."""
+        self.calls += 1
+        stem = self.work / f"{self.name}-{self.calls}"
+        torch.save(tensor, f"{stem}.in")
+        command = {"round": round, "input": f"{stem}.in", "output": f"{stem}.out"}
+        self.send({**command, "timeout_s": timeout_s, "kill_at": kill_at})
+        self.timeout_s = timeout_s
+
+    def end(self) -> Outcome:
+        reply = self.read(self.timeout_s + REPLY_SLACK_S)
+        assert reply is not None, f"{self.name} exited mid-call:\n{self.stderr_tail()}"
+        tensor = None
+        if reply["ok"]:
+            tensor = torch.load(self.work / f"{self.name}-{self.calls}.out")
+        return Outcome(
+            tensor,
+            reply.get("group_size", 0),
+            reply.get("error"),
+            reply.get("message", ""),
+            reply["elapsed_s"],
+        )
+
+
+def _spawn(name: str, run_id: str, bootstrap: str, numel: int, count: int, work: Path) -> Peer:
+    command = [sys.executable, str(PEER_SCRIPT), run_id, bootstrap, str(numel), str(count)]
+    with open(work / f"{name}.err", "wb") as stderr:
+        proc = subprocess.Popen(
+            [*command, str(MATCHMAKING_S)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+            start_new_session=True,  # its own process group, which it may kill
+        )
+    return Peer(proc, name, work)
+
+
+def _greet(peer: Peer) -> None:
+    hello = peer.read(START_S)
+    assert hello is not None, f"{peer.name} exited at start:\n{peer.stderr_tail()}"
+    peer.hello = hello
+
+
+@contextmanager
 def _peers(
-    count: int, run_id: str, numel: int = NUMEL
-) -> tuple[list[Discovery], list[HivemindAllReduce]]:
-    nodes: list[Discovery] = []
-    averagers: list[HivemindAllReduce] = []
+    count: int,
+    run_id: str,
+    work: Path,
+    reaper: list[subprocess.Popen[bytes]],
+    numel: int = NUMEL,
+) -> Iterator[list[Peer]]:
+    """``count`` peers of one run, the first one the others' bootstrap; stopped after."""
+    peers: list[Peer] = []
     try:
-        for _ in range(count):
-            bootstrap = nodes[0].bootstrap_addresses() if nodes else []
-            nodes.append(Discovery(run_id, initial_peers=bootstrap))
-            nodes[-1].start()
-            averagers.append(
-                HivemindAllReduce(
-                    nodes[-1],
-                    prefix=f"{run_id}_avg",
-                    numel=numel,
-                    target_group_size=count,
-                    matchmaking_time_s=MATCHMAKING_S,
-                    request_timeout_s=0.5,
-                    next_chunk_timeout_s=2.0,
-                    allreduce_timeout_s=10.0,
-                )
-            )
-            averagers[-1].start()
-    except BaseException:
-        _stop(nodes, averagers)
-        raise
-    return nodes, averagers
-
-
-def _stop(nodes: list[Discovery], averagers: list[HivemindAllReduce]) -> None:
-    for averager in averagers:
-        averager.shutdown()
-    for node in nodes:
-        node.shutdown()
-
-
-@pytest.fixture
-def pair() -> Iterator[list[HivemindAllReduce]]:
-    nodes, averagers = _peers(2, "pair")
-    yield averagers
-    _stop(nodes, averagers)
+        peers.append(_spawn("peer0", run_id, "-", numel, count, work))
+        reaper.append(peers[0].proc)
+        _greet(peers[0])
+        bootstrap = peers[0].hello["bootstrap"][0]
+        for index in range(1, count):  # the others start together
+            peers.append(_spawn(f"peer{index}", run_id, bootstrap, numel, count, work))
+            reaper.append(peers[-1].proc)
+        for peer in peers[1:]:
+            _greet(peer)
+        yield peers
+    finally:
+        for peer in peers:  # a clean stop first; the reaper kills whatever is left
+            if peer.proc.poll() is None:
+                try:
+                    peer.send({"quit": True})
+                except OSError:
+                    continue
+        for peer in peers:
+            with suppress(subprocess.TimeoutExpired):
+                peer.proc.wait(timeout=30)
 
 
 def _inputs(count: int, numel: int, seed: int) -> list[torch.Tensor]:
@@ -73,18 +169,38 @@ def _inputs(count: int, numel: int, seed: int) -> list[torch.Tensor]:
     return [torch.randn(numel, generator=generator) for _ in range(count)]
 
 
-def _assert_mean(results: list[Any], inputs: list[torch.Tensor]) -> None:
+def _average_all(
+    peers: list[Peer], round: int, inputs: list[torch.Tensor], timeout_s: float
+) -> list[Outcome]:
+    for peer, tensor in zip(peers, inputs, strict=True):
+        peer.begin(round, tensor, timeout_s)
+    return [peer.end() for peer in peers]
+
+
+def _assert_mean(outcomes: list[Outcome], inputs: list[torch.Tensor]) -> None:
     """Everyone got the float64 mean of the inputs, to float32 rounding.
 
     hivemind adds (mean - own) to own, so peers may differ from each other by an ulp.
     """
     mean = torch.stack(inputs).double().mean(0)
-    for result in results:
-        assert isinstance(result, tuple), result
-        tensor, group_size = result
-        assert group_size == len(inputs)
+    for outcome in outcomes:
+        assert outcome.tensor is not None, outcome
+        assert outcome.group_size == len(inputs)
+        tensor = outcome.tensor
         assert tensor.dtype == torch.float32 and tensor.shape == inputs[0].shape
         torch.testing.assert_close(tensor.double(), mean, rtol=0, atol=2e-6)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead too
+            return stat.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_invalid_settings_are_refused_before_anything_starts() -> None:
@@ -99,50 +215,26 @@ def test_invalid_settings_are_refused_before_anything_starts() -> None:
 
 @pytest.mark.net
 @pytest.mark.slow
-def test_two_peers_get_the_mean_and_rounds_never_mix(pair: list[HivemindAllReduce]) -> None:
-    async def body() -> None:
+def test_two_peers_get_the_mean_and_rounds_never_mix(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    with _peers(2, "pair", tmp_path, reaper) as pair:
         inputs = _inputs(2, NUMEL, seed=0)
-        results = await asyncio.gather(
-            *(peer.average(7, x, timeout_s=10.0) for peer, x in zip(pair, inputs, strict=True))
-        )
-        _assert_mean(results, inputs)
+        _assert_mean(_average_all(pair, 7, inputs, timeout_s=10.0), inputs)
         # A wrong-sized tensor is refused before anything is sent.
-        with pytest.raises(ValueError, match="expected"):
-            await pair[0].average(8, torch.zeros(3), timeout_s=10.0)
+        pair[0].begin(8, torch.zeros(3), timeout_s=10.0)
+        refused = pair[0].end()
+        assert refused.error == "ValueError" and "expected" in refused.message, refused
         # Peers in different rounds never form a group: each fails within its timeout.
-        began = time.monotonic()
-        outcomes = await asyncio.gather(
-            pair[0].average(8, inputs[0], timeout_s=MATCHMAKING_S + 1.5),
-            pair[1].average(9, inputs[1], timeout_s=MATCHMAKING_S + 1.5),
-            return_exceptions=True,
-        )
-        assert all(isinstance(o, AllReduceFailed) for o in outcomes), outcomes
-        assert time.monotonic() - began < MATCHMAKING_S + 3.0
+        timeout_s = MATCHMAKING_S + 1.5
+        pair[0].begin(8, inputs[0], timeout_s)
+        pair[1].begin(9, inputs[1], timeout_s)
+        for outcome in (pair[0].end(), pair[1].end()):
+            assert outcome.error == "AllReduceFailed", outcome
+            assert outcome.elapsed_s < MATCHMAKING_S + 3.0
         # ... and a failed round leaves the averagers usable for the next one.
         inputs = _inputs(2, NUMEL, seed=1)
-        results = await asyncio.gather(
-            *(peer.average(10, x, timeout_s=10.0) for peer, x in zip(pair, inputs, strict=True))
-        )
-        _assert_mean(results, inputs)
-
-    asyncio.run(body())
-
-
-async def _kill_at(stage: str, node: Discovery, peer: HivemindAllReduce) -> None:
-    """SIGKILL a peer's averager and DHT processes once its step reaches ``stage``."""
-    end = time.monotonic() + 10.0
-    while peer.stage != stage:
-        assert time.monotonic() < end, f"the step never reached {stage}"
-        await asyncio.sleep(0.005)
-    for pid in (peer._averager.pid, node.dht.pid):  # type: ignore[union-attr]
-        os.kill(pid, signal.SIGKILL)  # a machine losing power
-
-
-async def _average_all(
-    peers: list[HivemindAllReduce], round: int, inputs: list[torch.Tensor], timeout_s: float
-) -> list[tuple[torch.Tensor, int] | BaseException]:
-    calls = [p.average(round, x, timeout_s=timeout_s) for p, x in zip(peers, inputs, strict=True)]
-    return await asyncio.gather(*calls, return_exceptions=True)
+        _assert_mean(_average_all(pair, 10, inputs, timeout_s=10.0), inputs)
 
 
 @pytest.mark.net
@@ -152,37 +244,40 @@ async def _average_all(
     [("LOOKING_FOR_GROUP", NUMEL), ("RUNNING_ALLREDUCE", 8_000_000)],
     ids=["dies-matchmaking", "dies-mid-allreduce"],
 )
-def test_a_peer_dying_costs_the_others_at_most_their_timeout(stage: str, numel: int) -> None:
-    nodes, peers = _peers(3, "trio", numel)
-
-    async def body() -> None:
+def test_a_peer_dying_costs_the_others_at_most_their_timeout(
+    stage: str, numel: int, tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    with _peers(3, "trio", tmp_path, reaper, numel) as peers:
         inputs = _inputs(3, numel, seed=2)
-        _assert_mean(await _average_all(peers, 0, inputs, timeout_s=20.0), inputs)
+        _assert_mean(_average_all(peers, 0, inputs, timeout_s=20.0), inputs)
         timeout_s = MATCHMAKING_S + 4.0
-        began = time.monotonic()
-        survivors = asyncio.gather(
-            _average_all(peers[:2], 1, inputs[:2], timeout_s), _kill_at(stage, nodes[2], peers[2])
-        )
-        with pytest.raises(AllReduceFailed):  # the dead peer's own call ends too
-            await peers[2].average(1, inputs[2], timeout_s=timeout_s)
-        outcomes, _ = await survivors
-        assert time.monotonic() - began < timeout_s + 1.0
+        for peer, tensor in zip(peers[:2], inputs[:2], strict=True):
+            peer.begin(1, tensor, timeout_s)
+        # The third peer SIGKILLs itself and its children once its step reaches the
+        # stage: a machine losing power.
+        doomed = peers[2]
+        doomed.begin(1, inputs[2], timeout_s, kill_at=stage)
+        last_words = doomed.read(timeout_s + REPLY_SLACK_S)
+        assert last_words is None, f"the step never reached {stage}: {last_words}"
+        assert doomed.proc.wait(timeout=10) == -signal.SIGKILL
+        end = time.monotonic() + 10.0
+        for child in ("dht_pid", "averager_pid"):  # its children died with it
+            while not _gone(doomed.hello[child]):
+                assert time.monotonic() < end, f"the dead peer's {child} lives on"
+                time.sleep(0.05)
+        outcomes = [peer.end() for peer in peers[:2]]
         for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                assert isinstance(outcome, AllReduceFailed), outcome
-            elif outcome[1] == 2:  # the survivors regrouped without the dead peer
+            assert outcome.elapsed_s < timeout_s + 1.0, outcome
+            if outcome.error is not None:
+                assert outcome.error == "AllReduceFailed", outcome
+            elif outcome.group_size == 2:  # the survivors regrouped without the dead peer
                 _assert_mean([outcome], inputs[:2])
             else:  # the dead peer had already delivered everything this survivor needed
                 _assert_mean([outcome], inputs)
         if stage == "LOOKING_FOR_GROUP":  # nothing was lost yet: a pair forms
-            assert all(not isinstance(o, BaseException) for o in outcomes), outcomes
+            assert all(outcome.error is None for outcome in outcomes), outcomes
         # The survivors go on as a pair in the next round.
-        _assert_mean(await _average_all(peers[:2], 2, inputs[:2], timeout_s=10.0), inputs[:2])
-
-    try:
-        asyncio.run(body())
-    finally:
-        _stop(nodes, peers)
+        _assert_mean(_average_all(peers[:2], 2, inputs[:2], timeout_s=10.0), inputs[:2])
 
 
 def test_a_wedged_averager_call_never_blocks_the_process_exit() -> None:
