@@ -15,9 +15,13 @@ is wrong in at least one way, so every one must be refused:
   θ̃ far from ours, too few bytes (truncated), too many (oversize), a chunk of the wrong
   size, garbage where data belongs, or a second header.
 
+Random draws may miss a kind altogether (40 draws once held no ``data`` case), so
+:data:`SWEEP` holds one fixed case of every kind, and of every method for ``bytes``; the
+test runs them before the drawn ones.
+
 :func:`flood` opens many connections at once (idle calls, garbage calls, raw TCP sockets
-that write random bytes that are not even HTTP/2). Run ``python -m tests.faults.fuzz --help``
-for the long version against daemons it starts itself.
+that write random bytes that are not even HTTP/2). ``GASLOCD_FUZZ_EXAMPLES`` sets how
+many cases test_fuzz.py draws (40 by default).
 """
 
 from __future__ import annotations
@@ -133,6 +137,23 @@ def cases() -> st.SearchStrategy[Case]:
         st.integers(0, 2**31),
     )
     return st.one_of(raw, header, data)
+
+
+# One fixed case of every kind, and of every method for raw bytes (b"\xff" is no valid
+# protobuf: field 31 with wire type 7), run before the drawn ones so none is ever missed.
+SWEEP: tuple[Case, ...] = (
+    Case("bytes", EXCHANGE, messages=(b"\xff\xff", b"\x00" * 64)),
+    Case("bytes", GET_STATE, request=b"\xff\xff"),
+    Case("bytes", STATUS, request=b"\xff\xff"),
+    Case("header", header_faults=("token-wrong",), data_fault="nan", seed=1),
+    Case("data", data_fault="nan", seed=2),
+)
+
+
+def kind_of(description: str) -> str:
+    """The kind in a :meth:`Case.describe`, with the method for raw bytes: "header",
+    "data", "bytes->Status", ... (the kinds :data:`SWEEP` covers)."""
+    return description.split(":", 1)[0]
 
 
 def _header(target: Target, round_: int, faults: tuple[str, ...], rng: random.Random) -> bytes:

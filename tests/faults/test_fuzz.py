@@ -24,10 +24,11 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from tests.daemon.procs import FAST_FLAGS, Daemon, start_first
 from tests.faults.fuzz import (
+    SWEEP,
     Case,
     Tally,
     Target,
@@ -35,6 +36,7 @@ from tests.faults.fuzz import (
     daemon_round,
     flood,
     free_port,
+    kind_of,
     rss_bytes,
     send_case,
 )
@@ -112,7 +114,7 @@ def test_fuzzed_daemon_refuses_counts_and_keeps_training(
             suppress_health_check=list(HealthCheck),
         )
         @given(cases())
-        def attack(case: Case) -> None:
+        def attack(case: Case) -> None:  # the SWEEP first (explicit examples), then draws
             now = loop.run_until_complete(daemon_round(target.address, target.run_id, TOKEN))
             verdict = loop.run_until_complete(send_case(case, target, now))
             tally.verdicts.append(verdict)
@@ -120,6 +122,8 @@ def test_fuzzed_daemon_refuses_counts_and_keeps_training(
             # Refused by our checks with a named reason, or by gRPC before any handler.
             assert verdict.reason != "other" or verdict.code in GRPC_CORE_REFUSALS, verdict
 
+        for case in reversed(SWEEP):  # decorators apply inside out: SWEEP runs in order
+            attack = example(case)(attack)
         attack()
         floods = [loop.run_until_complete(flood(target.address, 90, 3.0, seed)) for seed in (1, 2)]
         rss_after_first = rss_bytes(victim.proc.pid)
@@ -132,9 +136,12 @@ def test_fuzzed_daemon_refuses_counts_and_keeps_training(
     print("verdicts by case:", Counter(v.case for v in tally.verdicts).most_common())
     print("verdicts by reason:", Counter(f"{v.code.name}/{v.reason}" for v in tally.verdicts))
     print("floods:", floods, "rss MiB", rss_before >> 20, rss_after_first >> 20, rss_after >> 20)
-    assert len(tally.verdicts) == EXAMPLES
-    kinds = Counter(v.case.split(":")[0] for v in tally.verdicts)
-    assert kinds["data"] > 0 and kinds["header"] > 0, kinds
+    # hypothesis runs explicit examples on top of the drawn ones: the sweep, then EXAMPLES.
+    assert len(tally.verdicts) == len(SWEEP) + EXAMPLES
+    assert [v.case for v in tally.verdicts[: len(SWEEP)]] == [c.describe() for c in SWEEP]
+    kinds = Counter(kind_of(v.case) for v in tally.verdicts)
+    swept = Counter(kind_of(c.describe()) for c in SWEEP)
+    assert all(kinds[kind] >= n for kind, n in swept.items()), (kinds, swept)
     # Every refusal is counted under its reason (the real partner may add refusals too:
     # a slot we stole is refused to it as "duplicate").
     counted = _rejected(ports[acc]) - rejected_before
