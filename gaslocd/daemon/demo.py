@@ -17,7 +17,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,48 +28,59 @@ STARTUP_TIMEOUT_S = 180.0
 STOP_GRACE_S = 30.0
 
 
-def _relay(prefix: str, stream: IO[str], sink: list[str]) -> None:
+def _relay(prefix: str, stream: IO[str]) -> None:
     for line in stream:
         text = line.rstrip("\n")
-        sink.append(text)
         print(f"{prefix} {text}", flush=True)
 
 
-def _command(
-    role: str,
-    index: int,
-    workdir: Path,
-    run_id: str,
-    workers: int,
-    rounds: int,
-    metrics: bool,
-    log_level: str,
-) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "gaslocd",
-        "--log-level",
-        log_level,
-        role,
-        "--run-id",
-        run_id,
-        "--port",
-        "0",
-        "--min-peers",
-        str(workers),
-        "--max-rounds",
-        str(rounds),
-        "--eval-every",
-        "1",
-        "--checkpoint-dir",
-        str(workdir / f"w{index}"),
-        "--json",
-        str(workdir / f"w{index}.json"),
-    ]
-    if metrics:
-        cmd += ["--metrics-port", "0"]
-    return cmd
+@dataclass(frozen=True)
+class DemoDaemon:
+    """What the demo decides for one of its daemons: role, run, files, bootstrap.
+
+    The demo lays out the run; turning that into a command line belongs to the CLI's
+    settings table (this layer cannot see it), which the caller's callback applies.
+    """
+
+    index: int
+    role: str  # "start" for the first daemon, "join" for the others
+    run_id: str
+    workers: int
+    rounds: int
+    checkpoint_dir: Path
+    summary_json: Path
+    address_file: Path | None  # the first daemon writes its bootstrap address here
+    bootstrap: str | None  # the others join through it
+
+
+DaemonArgs = Callable[[DemoDaemon], list[str]]
+
+
+def _child_env() -> dict[str, str]:
+    """The daemons' environment, without any ``GASLOCD_*`` variable.
+
+    Their arguments say everything: a ``GASLOCD_HOST`` or ``GASLOCD_CONFIG`` meant for a
+    real daemon in this shell must not change the demo's daemons behind their argv.
+    """
+    env = {k: val for k, val in os.environ.items() if not k.startswith("GASLOCD_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "33554432")
+    env.setdefault("MALLOC_TRIM_THRESHOLD_", "1073741824")
+    return env
+
+
+def _slot(index: int, workdir: Path, run_id: str, workers: int, rounds: int) -> DemoDaemon:
+    return DemoDaemon(
+        index=index,
+        role="start" if index == 0 else "join",
+        run_id=run_id,
+        workers=workers,
+        rounds=rounds,
+        checkpoint_dir=workdir / f"w{index}",
+        summary_json=workdir / f"w{index}.json",
+        address_file=workdir / "bootstrap.txt" if index == 0 else None,
+        bootstrap=None,
+    )
 
 
 def _wait_for_file(path: Path, proc: subprocess.Popen[str], timeout_s: float) -> str:
@@ -97,78 +109,85 @@ def _stop(procs: Sequence[subprocess.Popen[str]]) -> None:
             proc.wait()
 
 
+class _Fleet:
+    """The demo's daemon processes, each with a thread relaying its lines."""
+
+    def __init__(self, daemon_args: DaemonArgs) -> None:
+        self.daemon_args = daemon_args
+        self.env = _child_env()
+        self.procs: list[subprocess.Popen[str]] = []
+        self.relays: list[threading.Thread] = []
+        self.argvs: list[list[str]] = []
+
+    def spawn(self, slot: DemoDaemon) -> subprocess.Popen[str]:
+        """Start one daemon with the arguments the caller made for ``slot``."""
+        argv = self.daemon_args(slot)
+        self.argvs.append(argv)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gaslocd", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+        )
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        relay = threading.Thread(target=_relay, args=(f"[w{slot.index}]", proc.stdout), daemon=True)
+        relay.start()
+        self.relays.append(relay)
+        return proc
+
+    def run(self, workdir: Path, run_id: str, workers: int, rounds: int) -> list[int]:
+        """Start the first daemon, the others through its address; their exit codes."""
+        first_slot = _slot(0, workdir, run_id, workers, rounds)
+        first = self.spawn(first_slot)
+        assert first_slot.address_file is not None
+        address = _wait_for_file(first_slot.address_file, first, STARTUP_TIMEOUT_S)
+        for k in range(1, workers):
+            self.spawn(replace(_slot(k, workdir, run_id, workers, rounds), bootstrap=address))
+        return [proc.wait() for proc in self.procs]
+
+    def join_relays(self) -> None:
+        """Let the relays print the last lines (bounded: a stuck pipe must not hang us)."""
+        for relay in self.relays:
+            relay.join(timeout=5)
+
+
 def run_demo(
     workers: int,
     rounds: int,
-    forwarded: list[str],
+    daemon_args: DaemonArgs,
     *,
     json_path: Path | None = None,
     workdir: Path | None = None,
-    metrics: bool = False,
-    log_level: str = "WARNING",
+    args: dict[str, Any] | None = None,
 ) -> int:
-    """Run the demo; returns 0 when every daemon finished its rounds."""
+    """Run the demo; returns 0 when every daemon finished its rounds.
+
+    ``daemon_args`` turns each :class:`DemoDaemon` into the arguments after ``python -m
+    gaslocd``; ``args`` (the demo's own settings) is recorded in the JSON summary with
+    every daemon's arguments, so the run can be repeated.
+    """
     tmp = None
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="gaslocd-demo-")
         workdir = Path(tmp.name)
     workdir.mkdir(parents=True, exist_ok=True)
     run_id = f"demo-{secrets.token_hex(3)}"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", "33554432")
-    env.setdefault("MALLOC_TRIM_THRESHOLD_", "1073741824")
     print(f"demo: {workers} daemons, {rounds} rounds, run {run_id}, files in {workdir}", flush=True)
-    procs: list[subprocess.Popen[str]] = []
-    relays: list[threading.Thread] = []
-    logs: list[list[str]] = []
+    fleet = _Fleet(daemon_args)
     began = time.time()
-
-    def spawn(cmd: list[str], index: int) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            cmd + forwarded, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        procs.append(proc)
-        sink: list[str] = []
-        logs.append(sink)
-        assert proc.stdout is not None
-        relay = threading.Thread(
-            target=_relay, args=(f"[w{index}]", proc.stdout, sink), daemon=True
-        )
-        relay.start()
-        relays.append(relay)
-        return proc
-
     try:
-        first = spawn(
-            [
-                *_command("start", 0, workdir, run_id, workers, rounds, metrics, log_level),
-                "--address-file",
-                str(workdir / "bootstrap.txt"),
-            ],
-            0,
-        )
-        address = _wait_for_file(workdir / "bootstrap.txt", first, STARTUP_TIMEOUT_S)
-        for k in range(1, workers):
-            spawn(
-                [
-                    *_command("join", k, workdir, run_id, workers, rounds, metrics, log_level),
-                    "--bootstrap",
-                    address,
-                ],
-                k,
-            )
-        codes = [proc.wait() for proc in procs]
+        codes = fleet.run(workdir, run_id, workers, rounds)
     except (KeyboardInterrupt, RuntimeError) as exc:
         print(f"demo: stopping ({exc or 'interrupted'})", flush=True)
-        _stop(procs)
+        _stop(fleet.procs)
         return 1
     finally:
-        for relay in relays:
-            relay.join(timeout=5)
+        fleet.join_relays()
     summaries = [_read(workdir / f"w{k}.json") for k in range(workers)]
-    summary = aggregate(
-        summaries, began, {"workers": workers, "rounds": rounds, "forwarded": forwarded}
-    )
+    recorded = {"workers": workers, "rounds": rounds, **(args or {}), "daemons": fleet.argvs}
+    summary = aggregate(summaries, began, recorded)
     ok = all(code == 0 for code in codes) and all(s is not None for s in summaries)
     final = summary["final_val_loss"]
     print(

@@ -1,0 +1,102 @@
+"""The frozen objects of :mod:`gaslocd.config`, filled from resolved settings.
+
+Which setting fills which field is written once, in the table's ``fields``; here the
+fields of one target are gathered and the object is built, so that its own checks turn a
+wrong combination into one readable ``ValueError``. Only :func:`algo_config` has rules
+of its own: defaults that depend on ``--algo``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gaslocd.cli.settings import SETTINGS
+from gaslocd.config import (
+    AlgoConfig,
+    DaemonConfig,
+    OuterConfig,
+    SimConfig,
+    TrainConfig,
+    WireConfig,
+)
+
+TARGETS = {
+    "algo": AlgoConfig,
+    "outer": OuterConfig,
+    "train": TrainConfig,
+    "daemon": DaemonConfig,
+    "wire": WireConfig,
+    "sim": SimConfig,
+}
+
+# Defaults that depend on --algo when the user did not set them (DiLoCo all-reduces over
+# everyone; DAdam is H = 1 by definition).
+_ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gasloc": {},
+    "diloco": {"topology": "complete"},
+    "dadam": {"inner_steps": 1},
+    "local-dadam": {},
+}
+_GOSSIP_ONLY = ("dadam", "local-dadam")
+
+
+def config_fields(target: str, resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of one config object from the settings the command has.
+
+    A setting the command lacks is left out, so the object's own default applies.
+    """
+    kwargs: dict[str, Any] = {}
+    for setting in SETTINGS:
+        if setting.name not in resolved:
+            continue
+        for spec in setting.fields:
+            owner, _, name = spec.partition(".")
+            if owner == target:
+                kwargs[name] = resolved[setting.name]
+    return kwargs
+
+
+def algo_config(resolved: Mapping[str, Any]) -> AlgoConfig:
+    """The algorithm, with the defaults that follow from ``--algo`` filled in.
+
+    Adaptation is a flag that turns it on for ``simulate`` (``--adapt-h``, off unless
+    asked, to compare with fixed H) and one that turns it off for the daemons
+    (``--no-adapt-h``: a real network should absorb stragglers by default).
+    """
+    kwargs = config_fields("algo", resolved)
+    algo = kwargs.get("algo", "gasloc")
+    implied = _ALGO_DEFAULTS[algo]
+    for name, fallback in (("topology", "1peer"), ("inner_steps", 30)):
+        if kwargs.get(name) is None:
+            kwargs[name] = implied.get(name, fallback)
+    if "adapt_h" in resolved:
+        kwargs["adapt_h"] = bool(resolved["adapt_h"])
+    else:
+        kwargs["adapt_h"] = not resolved.get("no_adapt_h", False)
+    outer = {k: x for k, x in config_fields("outer", resolved).items() if x is not None}
+    if algo in _GOSSIP_ONLY:
+        if outer:
+            raise ValueError(f"{algo} is gossip with η=1, μ=0; use --algo gasloc to set them")
+        return AlgoConfig(**kwargs)
+    return AlgoConfig(**kwargs, outer=OuterConfig(**outer))
+
+
+def train_config(resolved: Mapping[str, Any]) -> TrainConfig:
+    """The inner training."""
+    return TrainConfig(**config_fields("train", resolved))
+
+
+def daemon_config(resolved: Mapping[str, Any]) -> DaemonConfig:
+    """One daemon's identity, addresses, pacing and persistence."""
+    return DaemonConfig(**config_fields("daemon", resolved))
+
+
+def wire_config(resolved: Mapping[str, Any]) -> WireConfig:
+    """Token and TLS (the rest of the wire keeps its tuned defaults)."""
+    return WireConfig(**config_fields("wire", resolved))
+
+
+def sim_config(resolved: Mapping[str, Any]) -> SimConfig:
+    """The simulated network and clock."""
+    return SimConfig(**config_fields("sim", resolved))

@@ -1,0 +1,83 @@
+"""``gaslocd start``, ``join`` and ``status``: a real daemon, and asking one how it does."""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from typing import Any
+
+from gaslocd.cli.configs import algo_config, daemon_config, train_config, wire_config
+from gaslocd.cli.settings import JOIN, START, STATUS
+from gaslocd.cli.sources import Command
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run_daemon(command: str, resolved: dict[str, Any]) -> int:
+    """Build every config first, so a wrong setting exits 2 before torch is even imported."""
+    if not resolved["token"] and not _is_loopback(resolved["host"]):
+        raise ValueError(
+            f"listening on {resolved['host']} without --token would let anyone who reaches "
+            "this port send parameters into the run: set --token (or GASLOCD_TOKEN) on "
+            "every peer"
+        )
+    configs = (
+        daemon_config(resolved),
+        algo_config(resolved),
+        train_config(resolved),
+        wire_config(resolved),
+    )
+    import torch
+
+    # Imported here: the daemon pulls in grpc and hivemind, which --help and simulate
+    # never need.
+    from gaslocd.daemon.node import EXIT_STARTUP, Daemon, StartupError
+
+    torch.set_num_threads(resolved["threads"])
+    daemon = Daemon(*configs, role=command, progress=lambda line: print(line, flush=True))
+    try:
+        return daemon.run()
+    except StartupError as exc:
+        print(f"gaslocd: cannot start: {exc}", file=sys.stderr, flush=True)
+        return EXIT_STARTUP
+
+
+def run_status(command: str, resolved: dict[str, Any]) -> int:
+    """Query a daemon's Status with the same token and TLS settings as the daemons'."""
+    from gaslocd.daemon.status import query_status
+
+    return query_status(
+        resolved["status_address"],
+        run_id=resolved["run_id"],
+        wire=wire_config(resolved),
+        timeout_s=resolved["status_timeout"],
+        as_json=resolved["status_json"],
+    )
+
+
+START_COMMAND = Command(
+    START,
+    help="start the first daemon of a run and print its bootstrap address",
+    description="Start a new run: this daemon trains and prints the address that other "
+    "machines pass to 'gaslocd join --bootstrap'.",
+    run=run_daemon,
+)
+JOIN_COMMAND = Command(
+    JOIN,
+    help="join a run through any live peer's bootstrap address",
+    description="Join a run: fetch the current state from a live peer and train with it.",
+    run=run_daemon,
+)
+STATUS_COMMAND = Command(
+    STATUS,
+    help="ask a running daemon how it is doing",
+    description="Query a daemon's Status over gRPC and print it.",
+    run=run_status,
+)
