@@ -38,7 +38,7 @@ def run_daemon(command: str, resolved: dict[str, Any]) -> int:
 
     # Imported here: the daemon pulls in grpc and hivemind, which --help and simulate
     # never need.
-    from gaslocd.daemon.node import EXIT_STARTUP, Daemon, StartupError
+    from gaslocd.daemon.lifecycle import EXIT_STARTUP, Daemon, StartupError
 
     torch.set_num_threads(resolved["threads"])
     daemon = Daemon(*configs, role=command, progress=lambda line: print(line, flush=True))
