@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# gaslocd: one daemon per container (DESIGN §2). Two variants from one file:
+# gaslocd: one daemon per container (docs/design.md §2). Two variants from one file:
 #   docker build -t gaslocd .                               CUDA 12.8 runtime, torch cu128 (GPU hosts)
 #   docker build -t gaslocd:cpu --build-arg VARIANT=cpu .   python:3.11-slim, CPU torch
 # TORCH_SPEC / TORCH_INDEX pick another torch build (e.g. another CUDA line).
@@ -28,7 +28,7 @@ FROM base-${VARIANT}
 ARG TORCH_SPEC=torch==2.13.0
 ARG TORCH_INDEX=
 SHELL ["/bin/sh", "-eu", "-c"]
-# glibc allocator settings that keep big message buffers in the heap (DESIGN §3, measured).
+# glibc allocator settings that keep big message buffers in the heap (docs/design.md §3, measured).
 ENV VIRTUAL_ENV=/opt/gaslocd \
     PATH=/opt/gaslocd/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 # glibc's default allocator puts each large message buffer on fresh pages; these keep
-# big buffers in the heap and make transfer speed steady (DESIGN §3, measured).
+# big buffers in the heap and make transfer speed steady (docs/design.md §3, measured).
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 

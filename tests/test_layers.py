@@ -1,4 +1,4 @@
-"""The layering of DESIGN §2, enforced: each layer imports only the layers above it."""
+"""The layering of docs/design.md §2, enforced: each layer imports only the layers above it."""
 
 from __future__ import annotations
 

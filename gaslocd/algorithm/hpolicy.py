@@ -1,4 +1,4 @@
-"""Choosing H_i,t so that a slow link or a slow GPU never makes anyone wait (DESIGN §1).
+"""Choosing H_i,t so that a slow link or a slow GPU never makes anyone wait (docs/design.md §1).
 
 The pairing for round t is known at its start, so a worker knows which links it will
 use and can trade compute for communication: it picks H so that compute plus this

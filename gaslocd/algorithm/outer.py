@@ -1,4 +1,4 @@
-"""The GASLoC outer step (DESIGN §1) on flat parameter tensors.
+"""The GASLoC outer step (docs/design.md §1) on flat parameter tensors.
 
 For worker i at round t, with θ_i its parameters at the start of the round and θ̃_j the
 post-local-update parameters of itself and of this round's partners::
@@ -105,7 +105,7 @@ def pairwise_consensus(own: torch.Tensor, partners: Mapping[str, torch.Tensor]) 
     """RMS of θ̃_i − θ̃_j over this round's partners, relative to ‖θ̃_i‖ (a daemon's view).
 
     A daemon never sees the whole network; this is what it can compute from tensors it
-    already holds after an exchange (DESIGN §4, ``gasloc_consensus_distance``).
+    already holds after an exchange (docs/design.md §4, ``gasloc_consensus_distance``).
     """
     if not partners:
         return 0.0

@@ -1,4 +1,4 @@
-"""Prometheus metrics of one daemon (DESIGN §4): names, units, no per-peer labels.
+"""Prometheus metrics of one daemon (docs/design.md §4): names, units, no per-peer labels.
 
 Counters that the wire already keeps (bytes, refusals, failures by reason) are read from
 :class:`~gaslocd.net.validation.WireStats` at scrape time by a collector, rather than

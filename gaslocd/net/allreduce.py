@@ -4,7 +4,7 @@ This is how OpenDiLoCo averages: every peer hands its pseudo-gradient to a hivem
 averager (a child process), the averagers that look for a group at the same time agree on
 one through the DHT and then butterfly-all-reduce the tensor in parts. hivemind leaves
 its stream timeouts at ``None`` by default and one of 62 rounds measured here hung for
-ever (DESIGN §3), so every timeout hivemind exposes is set and the whole call is bounded.
+ever (docs/design.md §3), so every timeout hivemind exposes is set and the whole call is bounded.
 
 Two choices a reader may question:
 
@@ -222,7 +222,7 @@ class HivemindAllReduce:
                 sender_timeout=self._next_chunk_timeout_s,
                 reducer_timeout=2 * self._next_chunk_timeout_s,
                 compression=self._compression,
-                allow_state_sharing=False,  # newcomers fetch state over gRPC (DESIGN §3)
+                allow_state_sharing=False,  # newcomers fetch state over gRPC (docs/design.md §3)
                 shutdown_timeout=5,
             )
             try:

@@ -2,7 +2,7 @@
 
 Message limits are set *just above* the largest chunk we accept, not raised to the model
 size: a peer cannot make us buffer one huge message, and a sender that ignores chunking
-fails loudly instead of slowly (DESIGN §3: one 256 MiB message is ~10× slower anyway).
+fails loudly instead of slowly (docs/design.md §3: one 256 MiB message is ~10× slower anyway).
 
 Keepalive pings detect a peer whose machine vanished without closing its sockets; the
 per-call deadline is still what bounds a round (a ping interval is not a deadline).

@@ -1,6 +1,6 @@
 """The inner loop: H AdamW steps on a worker's own data stream, between outer rounds.
 
-GASLoC keeps the inner optimizer's state across rounds (DESIGN §1): the outer step
+GASLoC keeps the inner optimizer's state across rounds (docs/design.md §1): the outer step
 overwrites θ in place (``FlatParameters.flat``) and AdamW's moments carry over. That works
 because the parameters are views into the flat vector: the optimizer keeps stepping the
 same parameter objects, whatever was written into their storage in between.

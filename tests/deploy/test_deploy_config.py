@@ -31,7 +31,7 @@ COMPOSE = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
 PROMETHEUS = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
-# DESIGN §4, with the sample names Prometheus stores (counters end in _total).
+# docs/design.md §4, with the sample names Prometheus stores (counters end in _total).
 DESIGN_METRICS = {
     "gasloc_round": "gauge",
     "gasloc_inner_steps": "gauge",
