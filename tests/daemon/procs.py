@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 # Small and fast: a tiny model on short sequences, a few steps per round.
 FAST_FLAGS = [
@@ -112,6 +114,14 @@ ROUND = re.compile(
     r"round\s+(?P<round>\d+)\s+H\s+(?P<h>\d+)\s+loss (?P<loss>[\d.]+|nan)\s+val\s+(?P<val>[\d.]+|-)"
     r".*consensus\s+(?P<consensus>[\d.e+-]+|-)\s+idle.*exchanged (?P<ok>\d+)/(?P<partners>\d+)"
 )
+
+
+def summary_rounds(path: Path) -> list[dict[str, Any]]:
+    """The per-round records of a daemon's ``--json`` summary (written at exit): what
+    tests read instead of parsing progress lines, once a daemon has stopped."""
+    rounds = json.loads(path.read_text())["rounds"]
+    assert isinstance(rounds, list)
+    return rounds
 
 
 def start_first(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.daemon.procs import FAST_FLAGS, Daemon, start_first
+from tests.daemon.procs import FAST_FLAGS, Daemon, start_first, summary_rounds
 
 pytestmark = [pytest.mark.net, pytest.mark.slow]
 
@@ -133,9 +133,9 @@ def test_sigterm_checkpoints_and_withdraws_the_record(
     assert leaver.finish(60) == 0
     assert any(line.startswith("stopped after") for line in leaver.lines)
     saved = torch.load(ckpt / "checkpoint.pt", weights_only=True)
-    last = leaver.rounds()[-1]
-    assert saved["round"] == int(last.group("round"))
-    assert json.loads((tmp_path / "l.json").read_text())["kind"] == "daemon"
+    summary = json.loads((tmp_path / "l.json").read_text())
+    assert summary["kind"] == "daemon"
+    assert saved["round"] == summary["rounds"][-1]["round"]
     # Its record is withdrawn, not left to expire (ttl 60 s): the other sees it gone at once.
     first.wait_for(r"peers 1\s", 20)
     first.signal(signal.SIGTERM)
@@ -163,12 +163,15 @@ def test_diloco_mode_keeps_replicas_identical(
     tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
 ) -> None:
     flags = ["--algo", "diloco", "--min-peers", "2", "--max-rounds", "3", "--eval-every", "1"]
-    first, address = start_first(tmp_path, reaper, *flags)
-    second = _join(address, reaper, "w1", *flags)
+    first, address = start_first(tmp_path, reaper, *flags, "--json", str(tmp_path / "a.json"))
+    second = _join(address, reaper, "w1", *flags, "--json", str(tmp_path / "b.json"))
     assert first.finish(180) == 0 and second.finish(60) == 0
-    vals = [[m.group("val") for m in d.rounds()] for d in (first, second)]
-    assert len(vals[0]) == 3 and vals[0] == vals[1]  # one model, averaged pseudo-gradients
-    assert all(m.group("ok") == "1" for m in first.rounds())
+    runs = [summary_rounds(tmp_path / name) for name in ("a.json", "b.json")]
+    vals = [[r["val_loss"] for r in rounds] for rounds in runs]
+    # One model, averaged pseudo-gradients (hivemind averages as own + (mean − own), so
+    # replicas may differ in the last bits: compare as the progress line shows them).
+    assert len(vals[0]) == 3 and vals[0] == pytest.approx(vals[1], abs=1e-4)
+    assert all(r["exchanged"] == 1 for r in runs[0])
 
 
 # -- errors a volunteer hits -------------------------------------------------------------
@@ -234,16 +237,24 @@ def test_the_partner_that_finishes_first_trains_on_until_the_other_is_ready(
     # Two peers whose rounds differ (H_base 4 vs 16: a smaller GPU, another config): the
     # one that would wait for its partner fills the wait with steps instead of idling.
     common = ["--min-peers", "2", "--max-rounds", "8"]
-    short, address = start_first(tmp_path, reaper, *common, "--inner-steps", "4")
-    long = _join(address, reaper, "w1", *common, "--inner-steps", "16")
+    out = {name: ["--json", str(tmp_path / f"{name}.json")] for name in ("s", "l", "f", "o")}
+    short, address = start_first(tmp_path, reaper, *common, "--inner-steps", "4", *out["s"])
+    long = _join(address, reaper, "w1", *common, "--inner-steps", "16", *out["l"])
     assert short.finish(240) == 0 and long.finish(60) == 0, short.output() + long.output()
-    filled = [int(m.group("h")) for m in short.rounds()][2:]  # T is known from round 2
+    rounds = summary_rounds(tmp_path / "s.json")
+    filled = [r["inner_steps"] for r in rounds][2:]  # T is known from round 2
     assert len(filled) >= 5 and statistics.median(filled) >= 8, short.output()
     assert max(filled) <= 4 * 4  # never beyond H_max = 4 × H_base
-    assert all(m.group("ok") == m.group("partners") for m in short.rounds()), short.output()
+    # The extra steps come from filling the wait, not from a larger plan.
+    assert all(r["inner_steps"] >= r["planned_inner_steps"] for r in rounds)
+    assert statistics.median(r["planned_inner_steps"] for r in rounds[2:]) < statistics.median(
+        filled
+    )
+    assert all(r["exchanged"] == r["partners"] for r in rounds), short.output()
     # Without adaptation it takes exactly its H, as configured.
-    fixed, address = start_first(tmp_path, reaper, *common, "--no-adapt-h", name="w2")
-    other = _join(address, reaper, "w3", *common, "--inner-steps", "16")
+    fixed, address = start_first(tmp_path, reaper, *common, "--no-adapt-h", *out["f"], name="w2")
+    other = _join(address, reaper, "w3", *common, "--inner-steps", "16", *out["o"])
     assert fixed.finish(240) == 0 and other.finish(60) == 0
-    assert len(fixed.rounds()) >= 5, fixed.output()
-    assert {int(m.group("h")) for m in fixed.rounds()} == {4}, fixed.output()
+    rounds = summary_rounds(tmp_path / "f.json")
+    assert len(rounds) >= 5, fixed.output()
+    assert {r["inner_steps"] for r in rounds} == {4}, fixed.output()
