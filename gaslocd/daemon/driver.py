@@ -10,15 +10,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from gaslocd.daemon.membership import Membership
 from gaslocd.daemon.mixing import Mixer
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.daemon.telemetry import RoundOutcome
+from gaslocd.protocol.account import TimeAccount
 from gaslocd.protocol.plan import RoundSetup, plan_this_round
 from gaslocd.protocol.records import PeerRecord
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class RoundDriver:
@@ -30,14 +33,18 @@ class RoundDriver:
         checkpoint: Callable[[], Awaitable[None]],
     ) -> None:
         self.rt, self.membership, self.mixer, self.checkpoint = rt, membership, mixer, checkpoint
+        self.mark = rt.clock()  # reset by the lifecycle when the first round starts
 
     async def run_round(self) -> None:
         rt = self.rt
+        acct = TimeAccount()
+        began = self.mark  # the previous round's end: rounds tile the wall-clock
         records = await self.membership.roster()
         rt.policy.observe_roster(rt.clock(), records)
         t = self._catch_up(rt.state.round, records)
         records = await self.membership.pace(t, records)
         rt.spawn(self.membership.publish())  # peers pace and catch up on our current round
+        acct.add("roster", rt.clock() - began)
         setup = plan_this_round(
             rt.algo,
             rt.cfg.run_id,
@@ -49,40 +56,52 @@ class RoundDriver:
             rt.cfg.exchange_deadline_s,
         )
         await rt.thread.call(rt.state.begin_round)
-        began = rt.clock()
-        losses = await rt.thread.call(
-            rt.state.trainer.train_steps, setup.inner_steps, rt.thread.should_stop
-        )
-        if rt.state.trainer.last_step_s is not None and losses:
-            rt.links.record_step_time(rt.state.trainer.last_step_s)
+        losses = await self._timed(acct, "train", self._train(setup))
         if rt.algo.algo != "diloco" and rt.algo.adapt_h and setup.partners:
-            losses += await self._fill_wait(setup, len(losses))
+            losses += await self._timed(acct, "fill", self._fill_wait(setup, len(losses)))
         exchange_began = rt.clock()
         mixed = await self.mixer.mix(setup)
+        acct.add_all(mixed.parts)
         if rt.policy.should_resync(setup, mixed.exchanged):
-            await self.membership.resync(records)
+            await self._timed(acct, "roster", self.membership.resync(records))
         exchange_s = rt.clock() - exchange_began
         pause = rt.policy.solo_wait_s(setup, rt.clock() - began, rt.clock())
-        if pause > 0:
-            await asyncio.sleep(pause)  # a partnerless round lasts T (docs/design.md §1)
-        val = await self._evaluate_if_due()
+        if pause > 0:  # a partnerless round lasts T (docs/design.md §1)
+            await self._timed(acct, "roster", asyncio.sleep(pause))
+        val = await self._timed(acct, "eval", self._evaluate_if_due())
         if rt.cfg.checkpoint_dir and rt.state.round % rt.cfg.checkpoint_every == 0:
-            await self.checkpoint()
+            await self._timed(acct, "checkpoint", self.checkpoint())
+        self.mark = rt.clock()
+        acct.close(self.mark - began)
         outcome = RoundOutcome(
             setup=setup,
             losses=losses,
             val=val,
             consensus=mixed.consensus,
-            idle_s=mixed.idle_s,
+            account=acct,
             exchanged=mixed.exchanged,
             row=mixed.row,
             roster=setup.plan.roster if setup.plan is not None else (rt.me,),
-            compute_s=exchange_began - began,
             exchange_s=exchange_s,
-            round_s=rt.clock() - began,
             tokens=len(losses) * rt.state.trainer.tokens_per_step,
         )
         rt.progress(rt.telemetry.finish_round(outcome, rt.links, rt.state.round))
+
+    async def _train(self, setup: RoundSetup) -> list[float]:
+        rt = self.rt
+        losses = await rt.thread.call(
+            rt.state.trainer.train_steps, setup.inner_steps, rt.thread.should_stop
+        )
+        if rt.state.trainer.last_step_s is not None and losses:
+            rt.links.record_step_time(rt.state.trainer.last_step_s)
+        return losses
+
+    async def _timed(self, acct: TimeAccount, activity: str, job: Awaitable[T]) -> T:
+        began = self.rt.clock()
+        try:
+            return await job
+        finally:
+            acct.add(activity, self.rt.clock() - began)
 
     def _catch_up(self, t: int, records: list[PeerRecord]) -> int:
         ahead = self.rt.policy.catch_up(t, records)

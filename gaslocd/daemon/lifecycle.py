@@ -182,7 +182,8 @@ class Daemon:
         try:
             await self._startup()
             started = True
-            rt.telemetry.runlog.start_clock()  # idle fraction counts from the first round
+            rt.telemetry.runlog.start_clock()  # the time account starts with the first round
+            self.driver.mark = rt.clock()
             while not rt.stopping and not (
                 self.cfg.max_rounds and rt.state.round >= self.cfg.max_rounds
             ):
@@ -290,6 +291,7 @@ class Daemon:
             "val_loss": runlog.last_val_loss,
             "peers": runlog.last_roster_size,
             "idle_fraction": round(runlog.idle_fraction(), 4),
+            "training_share": round(runlog.account.training_share(), 4),
             "algo": f"{self.algo.algo}/{self.algo.topology}",
             "codec": self.cfg.codec,
             "model": self.train.model,

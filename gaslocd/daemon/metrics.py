@@ -40,6 +40,7 @@ from prometheus_client.registry import Collector
 
 from gaslocd import __version__
 from gaslocd.net.validation import WireStats
+from gaslocd.protocol.account import ACTIVITIES
 
 # Exchanges take from milliseconds (a tiny model on loopback) to minutes (a big model
 # over a thin link): buckets span that range on a roughly x2.5 scale.
@@ -97,16 +98,25 @@ class _WireCollector(Collector):
             rejected.add_metric([reason], n)
         idle = CounterMetricFamily(
             "gasloc_idle_seconds",
-            "Seconds spent waiting for partners (rate() of it is the idle fraction)",
+            "Wall-clock seconds not spent training (rate() of it is the idle fraction)",
         )
         idle.add_metric([], t.idle_total())
+        time_spent = CounterMetricFamily(
+            "gasloc_time_seconds",
+            "Wall-clock seconds by activity since the first round; they add up to the "
+            "elapsed time (train and fill are training)",
+            labels=["activity"],
+        )
+        account = t.time_account()
+        for activity in ACTIVITIES:
+            time_spent.add_metric([activity], account.get(activity, 0.0))
         tokens = CounterMetricFamily("gasloc_tokens", "Tokens trained on by this daemon")
         tokens.add_metric([], t.tokens)
         rounds = CounterMetricFamily(
             "gasloc_rounds", "Outer rounds this process completed (not reset by catch-up jumps)"
         )
         rounds.add_metric([], t.rounds)
-        yield from (sent, received, ok, failures, rejected, idle, tokens, rounds)
+        yield from (sent, received, ok, failures, rejected, idle, time_spent, tokens, rounds)
 
 
 class DaemonMetrics:
@@ -129,6 +139,7 @@ class DaemonMetrics:
         GCCollector(registry=r)
         # Idle time is counted once, in the run log; the scrape reads it from there.
         self.idle_total: Callable[[], float] = lambda: 0.0
+        self.time_account: Callable[[], Mapping[str, float]] = dict
         self.tokens = 0
         self.rounds = 0
         self.extra_failures: dict[str, int] = {}
@@ -179,7 +190,7 @@ class DaemonMetrics:
         )
         self.idle_ratio = Gauge(
             "gasloc_idle_ratio",
-            "Share of elapsed time spent waiting for partners since start",
+            "Share of elapsed time not spent training, since the first round",
             registry=r,
         )
         self.exchange_seconds = Histogram(

@@ -19,6 +19,7 @@ from gaslocd.daemon.runtime import Runtime
 from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
 from gaslocd.net.codecs import ErrorFeedback, get_codec
 from gaslocd.net.rendezvous import ExchangeResult
+from gaslocd.protocol.account import split_exchange
 from gaslocd.protocol.plan import RoundSetup
 from gaslocd.protocol.policy import counted_exchanges, mixing_row
 
@@ -28,9 +29,11 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class MixResult:
     consensus: float | None  # RMS distance to the partners' θ̃ (None: nothing mixed)
-    idle_s: float  # waiting on others, not moving our own bytes
     exchanged: int  # partners (or all-reduce group members) whose θ̃ entered the mix
     row: dict[str, float] = field(default_factory=dict)  # our row of W as applied
+    # The exchange's time by activity (wait_ready, transfer, slow_link); the outer step
+    # and bookkeeping are the driver's "other".
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 class Mixer(Protocol):
@@ -53,7 +56,7 @@ class GossipMixer:
         if not setup.partners or setup.plan is None:
             row = {me: 1.0}
             await rt.thread.call(rt.state.outer_update, row, {}, me, rt.algo.outer)
-            return MixResult(None, 0.0, 0, row)
+            return MixResult(None, 0, row)
         await rt.server.open_round(
             setup.round,
             rt.state.flat.flat,
@@ -68,7 +71,7 @@ class GossipMixer:
         elapsed = rt.clock() - began
         received: dict[str, torch.Tensor] = {}
         refused_ours: set[str] = set()
-        transfer = 0.0
+        slowest: ExchangeResult | None = None
         for peer, outcome in outcomes.items():
             if not isinstance(outcome, ExchangeResult):
                 log.info(
@@ -86,12 +89,27 @@ class GossipMixer:
                 refused_ours.add(peer)
                 continue
             rt.links.record_transfer(peer, outcome.transfer_s, outcome.bytes_received)
-            transfer = max(transfer, outcome.transfer_s)
+            if slowest is None or outcome.wait_s + outcome.transfer_s > (
+                slowest.wait_s + slowest.transfer_s
+            ):
+                slowest = outcome
         counted = counted_exchanges(received, refused_ours)
         row = mixing_row(setup, me, counted)
         used = {p: received[p] for p in counted}
         consensus = await rt.thread.call(rt.state.outer_update, row, used, me, rt.algo.outer)
-        return MixResult(consensus if used else None, max(0.0, elapsed - transfer), len(used), row)
+        return MixResult(consensus if used else None, len(used), row, self._parts(elapsed, slowest))
+
+    def _parts(self, elapsed: float, slowest: ExchangeResult | None) -> dict[str, float]:
+        """The exchange phase by activity: the partner that finished last sets it (the
+        others ran alongside); what it does not explain — partners that failed or were
+        waited for until the deadline — is waiting too."""
+        if slowest is None:
+            return {"wait_ready": elapsed}
+        parts = split_exchange(
+            slowest.wait_s, slowest.transfer_s, slowest.bytes_received, self.rt.links.best_rate()
+        )
+        parts["wait_ready"] += max(0.0, elapsed - sum(parts.values()))
+        return parts
 
     def _receive_buffers(self, n: int) -> list[torch.Tensor]:
         """Model-sized float32 buffers for partners' θ̃, reused across rounds (one per
@@ -127,5 +145,6 @@ class AllReduceMixer:
         await rt.thread.call(state.outer_update_from_average, average, rt.algo.outer)
         # Idle: the wait for the group to form (everyone waits for the last arrival at the
         # barrier); with no group, the whole failed attempt.
-        idle = self.allreduce.last_group_wait_s if group > 1 else rt.clock() - began
-        return MixResult(None, idle, group - 1, {})
+        elapsed = rt.clock() - began
+        idle = min(elapsed, self.allreduce.last_group_wait_s) if group > 1 else elapsed
+        return MixResult(None, group - 1, {}, {"wait_ready": idle, "transfer": elapsed - idle})

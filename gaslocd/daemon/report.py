@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gaslocd.net.validation import WireStats
+from gaslocd.protocol.account import TimeAccount
 from gaslocd.sim.summary import SCHEMA_VERSION, plain_json, write_json
 
 if TYPE_CHECKING:  # telemetry imports this module
@@ -26,7 +27,7 @@ class RunLog:
     started_at: float = field(default_factory=time.time)
     _began: float = field(default_factory=time.monotonic)
     rounds: list[dict[str, Any]] = field(default_factory=list)
-    idle_s: float = 0.0
+    account: TimeAccount = field(default_factory=TimeAccount)  # since the first round
     last_inner_steps: int = 0
     last_train_loss: float | None = None
     last_val_loss: float | None = None
@@ -39,13 +40,15 @@ class RunLog:
         return time.monotonic() - self._began
 
     def idle_fraction(self) -> float:
-        elapsed = self.elapsed_s()
-        return self.idle_s / elapsed if elapsed > 0 else 0.0
+        """Share of the accounted wall-clock not spent training."""
+        total = self.account.total()
+        return self.account.idle_s() / total if total > 0 else 0.0
 
     def add(self, out: RoundOutcome, stats: WireStats) -> str:
         """Record a finished round; returns its progress line."""
-        setup, losses = out.setup, out.losses
-        self.idle_s += out.idle_s
+        setup, losses, acct = out.setup, out.losses, out.account
+        self.account.merge(acct)
+        round_s = acct.total()
         train = statistics.fmean(losses) if losses else math.nan
         self.last_inner_steps, self.last_roster_size = len(losses), setup.roster_size
         self.last_train_loss = train
@@ -61,8 +64,11 @@ class RunLog:
                 "train_loss": train,
                 "val_loss": out.val,
                 "consensus": out.consensus,
-                "idle_s": out.idle_s,
-                "compute_s": out.compute_s,  # the inner steps, filling the wait included
+                "round_s": round_s,
+                "time": dict(acct.seconds),  # by activity; sums to round_s
+                "training_share": acct.training_share(),
+                "idle_s": acct.idle_s(),  # not training
+                "compute_s": acct.training_s(),  # the inner steps, filling the wait included
                 "exchange_s": out.exchange_s,  # exchange or all-reduce, waiting included
                 "partners": len(setup.partners),
                 "exchanged": out.exchanged,
@@ -71,13 +77,14 @@ class RunLog:
                 "bytes_sent": stats.bytes_sent,
             }
         )
-        tok_s = out.tokens / out.round_s if out.round_s > 0 else 0.0
+        tok_s = out.tokens / round_s if round_s > 0 else 0.0
         val_text = f"{out.val:.4f}" if out.val is not None else "   -  "
         cons = f"{out.consensus:.2e}" if out.consensus is not None else "    -   "
         return (
             f"round {setup.round + 1:5d}  H {len(losses):4d}  loss {train:.4f}  "
             f"val {val_text}  tok/s {tok_s / 1000:6.1f}k  consensus {cons}  "
-            f"idle {100 * self.idle_fraction():5.1f}%  peers {setup.roster_size}  "
+            f"idle {100 * self.idle_fraction():5.1f}%  "
+            f"training {100 * acct.training_share():3.0f}%  peers {setup.roster_size}  "
             f"exchanged {out.exchanged}/{len(setup.partners)}"
         )
 
@@ -119,12 +126,16 @@ class RunLog:
                 {"round": r["round"], "train_loss": r["train_loss"]} for r in self.rounds
             ],
             "rounds": self.rounds,
-            "wall_clock_s": self.elapsed_s(),
+            # Until the last round's end: the span the time account covers (the shutdown
+            # after it is not a round).
+            "wall_clock_s": self.rounds[-1]["wall_clock_s"] if self.rounds else 0.0,
             "wall_clock_kind": "real",
             "bytes_sent_per_worker": [stats.bytes_sent],
             "bytes_received": stats.bytes_received,
-            "idle_s": self.idle_s,
+            "idle_s": self.account.idle_s(),  # wall-clock not spent training
             "idle_fraction": self.idle_fraction(),
+            "training_share": self.account.training_share(),
+            "time": dict(self.account.seconds),
             "wire": stats.snapshot(),
             "args": args,
         }

@@ -1,7 +1,8 @@
 """Where a round's outcome goes: the Prometheus metrics, the run log and the progress line.
 
-One place counts idle time, so the metric, the progress line, ``gaslocd status`` and the
-JSON summary cannot disagree about it.
+One time account (:class:`~gaslocd.protocol.account.TimeAccount`, kept by the run log)
+says where the wall-clock went, so the metrics, the progress line, ``gaslocd status``
+and the JSON summary cannot disagree about it; "idle" is every second not training.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from gaslocd.daemon.metrics import DaemonMetrics
 from gaslocd.daemon.report import RunLog
 from gaslocd.net.validation import WireStats
+from gaslocd.protocol.account import TimeAccount
 from gaslocd.protocol.plan import LinkEstimates, RoundSetup
 
 
@@ -22,20 +24,19 @@ class RoundOutcome:
     losses: list[float]
     val: float | None
     consensus: float | None
-    idle_s: float
+    account: TimeAccount  # the round's wall-clock by activity
     exchanged: int
     row: dict[str, float]  # this peer's row of W as applied (after failed exchanges)
     roster: tuple[str, ...]  # the sorted roster the row refers to
-    compute_s: float
     exchange_s: float
-    round_s: float
     tokens: int
 
 
 class Telemetry:
     def __init__(self, metrics: DaemonMetrics, runlog: RunLog, stats: WireStats) -> None:
         self.metrics, self.runlog, self.stats = metrics, runlog, stats
-        metrics.idle_total = lambda: runlog.idle_s  # one idle counter
+        metrics.idle_total = lambda: runlog.account.idle_s()  # one account, read at scrape
+        metrics.time_account = lambda: dict(runlog.account.seconds)
 
     def count_failure(self, reason: str) -> None:
         self.metrics.count_failure(reason)

@@ -49,6 +49,11 @@ class LinkEstimates:
         self.transfer_s[peer] = ewma(self.transfer_s.get(peer), seconds)
         self.bandwidth[peer] = ewma(self.bandwidth.get(peer), nbytes / seconds)
 
+    def best_rate(self) -> float:
+        """The fastest link measured (bytes/s): a lower bound on this peer's own link,
+        against which a slower exchange counts as waiting on the partner's link."""
+        return max(self.bandwidth.values(), default=0.0)
+
     def own_bandwidth(self) -> float:
         """Median over links: what this peer publishes (0 before any exchange)."""
         return statistics.median(self.bandwidth.values()) if self.bandwidth else 0.0
