@@ -18,9 +18,11 @@ included). The report compares, per straggler rate:
 * and the same runs with no straggler at all: the limit, a straggler that costs nothing.
 
 It reports the time for the network-mean validation loss to reach a target, each host's
-idle and compute fractions, rounds and bytes, writes ``network.md`` and PNG plots, and
-keeps the per-scenario data in ``network/*.json`` (``--report-only`` rebuilds from them).
-Every daemon shares this machine's CPU cores: compare runs of one invocation only.
+training share and its time by activity (the daemons' per-round time account, docs/design.md
+§4: "idle" is every second not spent training), rounds and bytes, writes ``network.md`` and
+PNG plots, and keeps the per-scenario data in ``network/*.json`` (``--report-only``
+rebuilds from them). Every daemon shares this machine's CPU cores: compare runs of one
+invocation only.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import netns
+
+from gaslocd.protocol.account import ACTIVITIES, TRAINING
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -106,16 +110,52 @@ def final_loss(curve: Sequence[tuple[float, float]], tail: int = 3) -> float:
     return sum(last) / len(last) if last else math.nan
 
 
-def host_fractions(rounds: Sequence[dict[str, Any]], t0: float, t1: float) -> dict[str, float]:
-    """Idle and compute shares of [t0, t1] for one host, from its round records."""
+# Waiting for partners: late or dead ones (``wait_ready``) and a partner's slower link
+# stretching the exchange (``slow_link``); issue 7's "idle < 10 %" target was set for it.
+WAITING = ("wait_ready", "slow_link")
+
+
+def host_fractions(rounds: Sequence[dict[str, Any]], t0: float, t1: float) -> dict[str, Any]:
+    """One host's time account over the rounds that ended in [t0, t1], from its JSON
+    summary's round records (each with ``time``: seconds by activity, summing to the
+    round's wall-clock): seconds by activity, their total and the training share."""
     inside = [r for r in rounds if t0 <= r["unix_time"] <= t1]
-    span = max(t1 - t0, 1e-9)
+    time_s = dict.fromkeys(ACTIVITIES, 0.0)
+    for r in inside:
+        if "time" not in r:
+            raise ValueError(f"round {r.get('round')} has no time account (a daemon too old)")
+        for activity, seconds in r["time"].items():
+            time_s[activity] += seconds
+    accounted = sum(time_s.values())
     return {
-        "idle": sum(r["idle_s"] for r in inside) / span,
-        "compute": sum(r.get("compute_s", 0.0) for r in inside) / span,
+        "training": sum(time_s[a] for a in TRAINING) / accounted if accounted > 0 else 0.0,
+        "time_s": time_s,
+        "accounted_s": accounted,
         "rounds": len(inside),
         "mean_h": sum(r["inner_steps"] for r in inside) / len(inside) if inside else 0.0,
     }
+
+
+def host_shares(host: dict[str, Any]) -> dict[str, float] | None:
+    """A host's share of the accounted wall-clock by activity; None for a run measured
+    before the time account (its record has only the old ``idle`` and ``compute``)."""
+    if "time_s" not in host:
+        return None
+    total = host["accounted_s"]
+    return {a: (host["time_s"].get(a, 0.0) / total if total > 0 else 0.0) for a in ACTIVITIES}
+
+
+def training_share(host: dict[str, Any]) -> float:
+    """Training (train + fill) over the accounted wall-clock; for an old record, the
+    share of the run spent in inner steps (``compute``)."""
+    return float(host["training"] if "time_s" in host else host["compute"])
+
+
+def waiting_share(host: dict[str, Any]) -> float:
+    """Time waiting for partners (``WAITING``); for an old record, its ``idle``, which
+    was measured as waiting for partners only."""
+    shares = host_shares(host)
+    return float(host["idle"] if shares is None else sum(shares[a] for a in WAITING))
 
 
 # -- running a scenario ---------------------------------------------------------------------
@@ -317,8 +357,8 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], out: Path, st
         "validation loss; final values are the mean of the last three).",
         "",
         "| run | trained | time to target | vs DiLoCo, same straggler | vs no straggler "
-        "| final loss | rounds (median) | idle, max host | compute share, min–max "
-        "| MiB sent per host |",
+        "| final loss | rounds (median) | training share, min–max "
+        "| waiting for partners, max host | MiB sent per host |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in runs:
@@ -336,42 +376,37 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], out: Path, st
             _ratio_text(t, times.get(base_name), by_name.get(base_name)) if r["straggler"] else "—"
         )
         rounds = sorted(h["rounds"] for h in hosts)[len(hosts) // 2]
-        idle = max(h["idle"] for h in hosts)
-        comp = [h["compute"] for h in hosts]
+        training = [training_share(h) for h in hosts]
+        waiting = max(waiting_share(h) for h in hosts)
         sent = [h["sent_bytes"] / 2**20 for h in hosts]
         lines.append(
-            f"| {r['label']} | {r['duration_s']:.0f} s | {_time_text(t, r)} | {vs_d} "
-            f"| {vs_n} | {_fmt(finals[name], '.4f')} | {rounds} "
-            f"| {idle:.1%} | {min(comp):.0%}–{max(comp):.0%} "
+            f"| {r['label']}{_old_mark(r)} | {r['duration_s']:.0f} s | {_time_text(t, r)} "
+            f"| {vs_d} | {vs_n} | {_fmt(finals[name], '.4f')} | {rounds} "
+            f"| {min(training):.0%}–{max(training):.0%} | {waiting:.1%} "
             f"| {min(sent):.0f}–{max(sent):.0f} |"
         )
     lines += ["", *_verdicts(by_name, times), ""]
     if meta.get("notes"):  # what the person who ran it observed (kept in meta.json)
         lines += ["Notes:", "", *(f"- {n}" for n in meta["notes"]), ""]
-    lines += ["Per host (the straggler is the last host, marked *):", ""]
-    lines += ["| run | " + " | ".join(f"host {i}" for i in range(meta["workers"])) + " |"]
-    lines += ["| --- |" + " --- |" * meta["workers"]]
-    for r in runs:
-        cells = [
-            f"idle {h['idle']:.0%}, H {h['mean_h']:.0f}, {h['sent_bytes'] / 2**20:.0f} MiB"
-            + ("*" if h["straggler"] else "")
-            for h in r["hosts"]
-        ]
-        lines.append(f"| {r['scenario']} | " + " | ".join(cells) + " |")
+    lines += _host_tables(runs, meta["workers"])
     lines += [
         "",
-        "Idle: for GASLoC, time waiting for this round's partner after this host's own "
-        "transfer (the daemon's `gasloc_idle_seconds_total`); for DiLoCo, time waiting for "
-        "the all-reduce group to form (the barrier). Compute share: time in inner steps "
-        "over the run. H: mean local steps per round. MiB sent: the namespace's link "
-        "counter, DHT and hivemind traffic included. Refused messages and failed exchanges "
-        "per run: "
+        "Training share: `train` (the planned inner steps) and `fill` (extra steps while "
+        "partners get ready) over the wall-clock of the rounds that ended in the measured "
+        "window, from each daemon's per-round time account (docs/design.md §4); every other "
+        "second is not training, which is what the daemon now calls idle "
+        "(`gasloc_idle_seconds_total`). Waiting for partners: `wait_ready` (partners late to "
+        "start the exchange, dead ones until the deadline; for DiLoCo the all-reduce group "
+        "forming) plus `slow_link` (the exchange stretched by a partner's slower link). "
+        "H: mean local steps per round. MiB sent: the namespace's link counter, DHT and "
+        "hivemind traffic included. Refused messages and failed exchanges per run: "
         + ", ".join(
             f"{r['scenario']} {sum(h['refused'] for h in r['hosts'])}/"
             f"{sum(h['failures'] for h in r['hosts'])}"
             for r in runs
         )
         + ".",
+        *(["", _OLD_NOTE] if any(_old_mark(r) for r in runs) else []),
         "",
         f"![loss]({stem}_loss.png)",
         f"![hosts]({stem}_hosts.png)",
@@ -383,6 +418,52 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], out: Path, st
     text = "\n".join(lines)
     _plots(runs, target, out, stem)
     return text
+
+
+_OLD_NOTE = (
+    "† Measured before the daemons kept a time account, when idle meant waiting for "
+    "partners only (after this host's own transfer; for DiLoCo the group forming): the "
+    "training share shown is the share of the run spent in inner steps, waiting for "
+    "partners is that old idle, and there is no breakdown by activity. Not comparable with "
+    "runs measured since; re-run to compare."
+)
+
+
+def _old_mark(run: dict[str, Any]) -> str:
+    return " †" if any(host_shares(h) is None for h in run["hosts"]) else ""
+
+
+def _host_tables(runs: list[dict[str, Any]], workers: int) -> list[str]:
+    """Per host: training share, H and bytes; then each host's time by activity."""
+    lines = ["Per host (the straggler is the last host, marked *):", ""]
+    lines += ["| run | " + " | ".join(f"host {i}" for i in range(workers)) + " |"]
+    lines += ["| --- |" + " --- |" * workers]
+    for r in runs:
+        cells = [
+            f"training {training_share(h):.0%}, H {h['mean_h']:.0f}, "
+            f"{h['sent_bytes'] / 2**20:.0f} MiB" + ("*" if h["straggler"] else "")
+            for h in r["hosts"]
+        ]
+        lines.append(f"| {r['scenario']}{_old_mark(r)} | " + " | ".join(cells) + " |")
+    accounted = [r for r in runs if not _old_mark(r)]
+    if accounted:
+        lines += [
+            "",
+            "Time by activity, as a share of each host's accounted wall-clock:",
+            "",
+            "| run | host | training | " + " | ".join(ACTIVITIES) + " |",
+            "| --- |" + " ---: |" * (len(ACTIVITIES) + 2),
+        ]
+        for r in accounted:
+            for h in r["hosts"]:
+                shares = host_shares(h) or {}
+                lines.append(
+                    f"| {r['scenario']} | {h['host']}{'*' if h['straggler'] else ''} "
+                    f"| {training_share(h):.1%} | "
+                    + " | ".join(f"{shares[a]:.1%}" for a in ACTIVITIES)
+                    + " |"
+                )
+    return lines
 
 
 def _verdicts(by_name: dict[str, dict[str, Any]], times: dict[str, float | None]) -> list[str]:
@@ -412,10 +493,19 @@ def _verdicts(by_name: dict[str, dict[str, Any]], times: dict[str, float | None]
                 f"- {tag}% straggler: GASLoC+adapt reaches the target in {ratio} DiLoCo's "
                 f"wall-clock (target ≤ 0.6×: {verdict})."
             )
-        idle = max(h["idle"] for h in g_run["hosts"])
+        waiting = max(waiting_share(h) for h in g_run["hosts"])
+        lowest = min(training_share(h) for h in g_run["hosts"])
+        what, then = (
+            ("idle fraction (as measured then: waiting for partners)", "")
+            if _old_mark(g_run)
+            else (
+                "share of time waiting for partners (wait_ready + slow_link)",
+                f"; its lowest training share is {lowest:.0%}",
+            )
+        )
         out.append(
-            f"- {tag}% straggler: GASLoC+adapt's largest idle fraction on any host is "
-            f"{idle:.1%} (target < 10%: {'met' if idle < 0.1 else 'not met'})."
+            f"- {tag}% straggler: GASLoC+adapt's largest {what} on any host is "
+            f"{waiting:.1%} (target < 10%: {'met' if waiting < 0.1 else 'not met'}){then}."
         )
         base = times.get("gasloc-none")
         if g is not None and base:
@@ -456,18 +546,34 @@ def _plots(runs: list[dict[str, Any]], target: float, out: Path, stem: str) -> N
     width = 0.8 / max(n, 1)
     for i in range(n):
         xs = [k + i * width for k in range(len(runs))]
-        axes[0].bar(xs, [r["hosts"][i]["idle"] for r in runs], width, label=f"host {i}")
-        axes[1].bar(xs, [r["hosts"][i]["compute"] for r in runs], width)
-    for ax, title in zip(axes, ("idle fraction", "compute share"), strict=True):
-        ax.set_xticks(
-            [k + 0.4 - width / 2 for k in range(len(runs))], names, rotation=45, ha="right"
-        )
-        ax.set_title(f"{title} per host (last host: straggler)")
-    axes[0].axhline(0.1, color="grey", lw=0.8)
+        shares = [training_share(r["hosts"][i]) for r in runs]
+        axes[0].bar(xs, shares, width, label=f"host {i}")
+    axes[0].set_xticks(
+        [k + 0.4 - width / 2 for k in range(len(runs))], names, rotation=45, ha="right"
+    )
+    axes[0].set_title("training share per host (last host: straggler)")
     axes[0].legend(fontsize=7)
+    # Where the time goes, all hosts of a run together (runs with a time account only).
+    bottom = [0.0] * len(runs)
+    for activity in ACTIVITIES:
+        part = [_run_share(r, activity) for r in runs]
+        axes[1].bar(range(len(runs)), part, 0.6, bottom=bottom, label=activity)
+        bottom = [b + p for b, p in zip(bottom, part, strict=True)]
+    axes[1].set_xticks(range(len(runs)), names, rotation=45, ha="right")
+    axes[1].set_title("time by activity, all hosts († runs: not accounted)")
+    axes[1].legend(fontsize=7)
+    for ax in axes:
+        ax.set_ylim(0, 1)
     fig.tight_layout()
     fig.savefig(out / f"{stem}_hosts.png", dpi=110)
     plt.close(fig)
+
+
+def _run_share(run: dict[str, Any], activity: str) -> float:
+    """``activity``'s share of all hosts' accounted wall-clock in ``run`` (0 if unaccounted)."""
+    hosts = [h for h in run["hosts"] if "time_s" in h]
+    total = sum(h["accounted_s"] for h in hosts)
+    return sum(h["time_s"].get(activity, 0.0) for h in hosts) / total if total > 0 else 0.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -22,6 +23,12 @@ def dashboard_queries() -> list[tuple[str, str]]:
     """(panel title, expr) for every target of every panel."""
     dash = json.loads(DASHBOARD.read_text())
     return [(p["title"], t["expr"]) for p in dash["panels"] for t in p["targets"]]
+
+
+def panel(title: str) -> dict[str, Any]:
+    """The dashboard panel called ``title`` (exactly one)."""
+    (found,) = [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == title]
+    return dict(found)
 
 
 def alert_rules() -> list[dict[str, object]]:

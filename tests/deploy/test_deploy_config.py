@@ -18,12 +18,14 @@ import yaml
 
 from gaslocd.daemon.metrics import MAX_REASONS, DaemonMetrics, metric_names
 from gaslocd.net.validation import WireStats
+from gaslocd.protocol.account import ACTIVITIES
 from tests.deploy.promql import (
     DASHBOARD,
     DEPLOY,
     alert_rules,
     dashboard_queries,
     names_in,
+    panel,
 )
 
 ROOT = DEPLOY.parent
@@ -40,7 +42,8 @@ DESIGN_METRICS = {
     "gasloc_consensus_distance": "gauge",
     "gasloc_peers": "gauge",
     "gasloc_exchange_seconds": "histogram",
-    "gasloc_idle_seconds": "counter",
+    "gasloc_idle_seconds": "counter",  # wall-clock not spent training
+    "gasloc_time_seconds": "counter",  # the time account, label `activity`
     "gasloc_bytes_sent": "counter",
     "gasloc_bytes_received": "counter",
     "gasloc_link_bandwidth_bytes_per_second": "gauge",
@@ -79,7 +82,10 @@ def test_design_metrics_are_exported_with_their_types_and_no_peer_labels() -> No
     for family in families.values():
         if family.name.startswith("gasloc_") and family.name != "gasloc_build":
             for sample in family.samples:
-                assert set(sample.labels) <= {"reason", "le"}, (family.name, sample.labels)
+                assert set(sample.labels) <= {"reason", "le", "activity"}, (
+                    family.name,
+                    sample.labels,
+                )
     build = families["gasloc_build"].samples[0].labels
     assert {"version", "python", "torch", "run_id", "peer_id"} <= set(build)
     assert {"process_resident_memory_bytes", "python_info"} <= _exported()
@@ -107,6 +113,20 @@ def test_unknown_gauges_read_nan_and_reason_labels_are_bounded() -> None:
     assert metrics.registry.get_sample_value("gasloc_exchange_failures_total", deadline) == 0
 
 
+def test_the_time_account_exports_every_activity_from_the_start_and_only_those() -> None:
+    metrics = DaemonMetrics(WireStats())
+    (family,) = [f for f in metrics.registry.collect() if f.name == "gasloc_time_seconds"]
+    assert family.type == "counter"
+    assert [s.labels["activity"] for s in family.samples] == list(ACTIVITIES)
+    assert all(s.value == 0 for s in family.samples)  # a series for rate() before round 1
+    metrics.time_account = lambda: {"train": 7.0, "wait_ready": 2.0, "other": 1.0}
+    got = {
+        a: metrics.registry.get_sample_value("gasloc_time_seconds_total", {"activity": a})
+        for a in ACTIVITIES
+    }
+    assert got == {**dict.fromkeys(ACTIVITIES, 0.0), "train": 7.0, "wait_ready": 2.0, "other": 1.0}
+
+
 # -- dashboard and alerts -----------------------------------------------------------------
 
 
@@ -129,7 +149,7 @@ def test_dashboard_covers_what_the_issue_asks_for() -> None:
         "gasloc_train_loss",
         "gasloc_consensus_distance",
         "gasloc_inner_steps",  # H per worker
-        "gasloc_idle_seconds_total",
+        "gasloc_time_seconds_total",  # training share and time by activity
         "gasloc_bytes_sent_total",
         "gasloc_link_bandwidth_bytes_per_second",
         "gasloc_exchange_failures_total",
@@ -138,12 +158,33 @@ def test_dashboard_covers_what_the_issue_asks_for() -> None:
         assert name in text, name
     alerts = {str(r["alert"]) for r in alert_rules()}
     assert {
-        "GaslocIdleFractionHigh",
+        "GaslocTrainingShareLow",
         "GaslocConsensusDistanceRising",
         "GaslocExchangeFailures",
         "GaslocPeersDropping",
         "GaslocNoRoundProgress",
     } <= alerts
+
+
+def test_training_share_is_read_alike_by_the_dashboard_and_the_alert() -> None:
+    """Training share = rate of train and fill over the rate of all activities."""
+    per_daemon, run_wide = (t["expr"] for t in panel("Training share")["targets"])
+    (stat,) = (t["expr"] for t in panel("Training share (run-wide)")["targets"])
+    (alert,) = [r for r in alert_rules() if r["alert"] == "GaslocTrainingShareLow"]
+    assert "sum by (instance)" in per_daemon and "by (" not in run_wide and stat == run_wide
+    assert "sum by (job, instance)" in str(alert["expr"]) and alert["for"] == "15m"
+    for expr in (per_daemon, run_wide, str(alert["expr"])):
+        numerator, denominator = expr.split(" / ")
+        assert 'activity=~"train|fill"' in numerator and "activity" not in denominator, expr
+        assert all("rate(gasloc_time_seconds_total{" in part for part in (numerator, denominator))
+    stacked = panel("Time by activity")
+    (by_activity,) = (t["expr"] for t in stacked["targets"])
+    assert by_activity.startswith("sum by (activity) (rate(gasloc_time_seconds_total{")
+    assert stacked["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    # Nothing on the dashboard still calls waiting for partners "idle".
+    for p in json.loads(DASHBOARD.read_text())["panels"]:
+        assert "idle" not in p["title"].lower(), p["title"]
+        assert "waited for partners" not in p["description"], p["title"]
 
 
 def test_grafana_provisioning_matches_compose() -> None:

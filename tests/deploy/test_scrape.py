@@ -24,7 +24,15 @@ import pytest
 import yaml
 
 from tests.daemon.procs import FAST_FLAGS, Daemon, start_first
-from tests.deploy.promql import ALERTS, DEPLOY, alert_rules, as_query, dashboard_queries, names_in
+from tests.deploy.promql import (
+    ALERTS,
+    DEPLOY,
+    alert_rules,
+    as_query,
+    dashboard_queries,
+    names_in,
+    panel,
+)
 
 pytestmark = [pytest.mark.net, pytest.mark.slow]
 
@@ -115,9 +123,14 @@ def test_prometheus_scrapes_daemons_and_every_dashboard_query_has_data(
     binary = _prometheus_binary()
     began = time.monotonic()
     extra = ["--metrics-port", "0", "--min-peers", "2", "--eval-every", "2"]
-    first, address = start_first(tmp_path, reaper, *extra)
+    summaries = [tmp_path / f"w{i}.json" for i in range(3)]  # written at exit
+    first, address = start_first(tmp_path, reaper, *extra, "--json", str(summaries[0]))
     daemons = [first] + [
-        Daemon(["join", *FAST_FLAGS, "--bootstrap", address, *extra], reaper, f"w{i}")
+        Daemon(
+            ["join", *FAST_FLAGS, "--bootstrap", address, *extra, "--json", str(summaries[i])],
+            reaper,
+            f"w{i}",
+        )
         for i in (1, 2)
     ]
     for d in daemons[1:]:
@@ -218,8 +231,32 @@ def test_prometheus_scrapes_daemons_and_every_dashboard_query_has_data(
     rejected = api.query("sum by (reason) (gasloc_rejected_messages_total) > 0")
     assert firing == [], (firing, rejected)  # a healthy run pages nobody
 
+    # The time account: the dashboard's training share (per daemon and run-wide) is a
+    # share, and each daemon's activities add up to its wall-clock since its first round.
+    for target in panel("Training share")["targets"]:
+        query = as_query(target["expr"], "30s")  # a window that holds several rounds
+        expect = 3 if "by (instance)" in query else 1
+        shares = poll(
+            f"a finite training share ({query})",
+            lambda q=query, n=expect: (lambda v: v if len(v) == n else None)(
+                {k: x for k, x in api.query(q).items() if math.isfinite(x)}
+            ),
+            30,
+        )
+        assert all(0 < x <= 1 for x in shares.values()), (query, shares)
+    accounted = api.query('sum by (instance) (gasloc_time_seconds_total{job="gaslocd"})')
+    queried_at = time.time()
+
     for d in daemons:
         d.signal(15)
     for d in daemons:
         assert d.finish(60) == 0
+    for target, path in zip(targets, summaries, strict=True):
+        first_round = json.loads(path.read_text())["rounds"][0]
+        since_first = queried_at - (first_round["unix_time"] - first_round["wall_clock_s"])
+        assert 0.5 * since_first <= accounted[target] <= 1.05 * since_first, (
+            target,
+            accounted[target],
+            since_first,
+        )
     assert time.monotonic() - began < 240
