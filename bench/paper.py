@@ -1,16 +1,22 @@
 """Reproduce the GASLoC paper's comparisons at CPU scale, in one command (issue 5).
 
     .venv/bin/python bench/paper.py --quick            # smoke check, a few minutes
-    nice -n 10 .venv/bin/python bench/paper.py --jobs 2   # the full grid, about an hour+
+    nice -n 10 .venv/bin/python bench/paper.py --mode shared   # the 8-worker slice, ~25 min
+    nice -n 10 .venv/bin/python bench/paper.py --jobs 2   # the full grid, hours
 
 Trains every run of the grid (``bench/paperlib/grid.py``) with the simulator, one JSON
 summary per run, then writes the report (``paper.md``: tables and findings) and PNG plots.
 Finished runs are cached: rerunning resumes an interrupted grid, and ``--report-only``
 rebuilds the report from the JSON files without training anything.
 
-Full mode writes into ``bench/results/`` (``paper.md``, ``paper_*.png``, ``paper/*.json``);
-``--quick`` into a scratch folder (``--out`` to choose), so a smoke check never overwrites
-the committed results.
+Full mode writes into ``bench/results/`` (``paper.md``, ``paper_*.png``, ``paper/*.json``),
+``--mode shared`` (the re-run of the 8-worker, H=30 and straggler comparisons with the
+daemon's round) into ``bench/results/paper_shared*``; ``--quick`` into a scratch folder
+(``--out`` to choose), so a smoke check never overwrites the committed results.
+
+The committed full grid (``paper.md``) was trained by the simulator's own round, before
+it ran the daemon's; its files carry no ``protocol`` tag, so they are not reused: the
+full mode retrains everything, and refuses to rewrite a report from an empty cache.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from paperlib.analysis import Run
 from paperlib.execute import run_all
 from paperlib.grid import MODES, Mode, RunSpec
 from paperlib.report import Meta, record_invocation, write_report
+from paperlib.shared import write_shared_report
 from paperlib.tables import best_h1_outer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -49,7 +56,7 @@ SECTIONS = (
 def paths(mode: Mode, out: Path | None) -> tuple[Path, Path, Path]:
     """(JSON folder, markdown file, PNG folder) of a mode."""
     if out is None:
-        out = RESULTS if mode.name == "full" else Path("/tmp/gaslocd-paper-quick")
+        out = RESULTS if mode.name in ("full", "shared") else Path("/tmp/gaslocd-paper-quick")
     stem = "paper" if mode.name == "full" else f"paper_{mode.name}"
     return out / stem, out / f"{stem}.md", out
 
@@ -98,7 +105,10 @@ def run(
     )
     if trained:
         record_invocation(json_dir, meta)
-    write_report(mode, runs, meta, md_path, png_dir, json_dir)
+    if not runs:
+        raise SystemExit(f"no run of {mode.name!r} is trained yet: {md_path} left as it is")
+    writer = write_shared_report if mode.name == "shared" else write_report
+    writer(mode, runs, meta, md_path, png_dir, json_dir)
     log(f"{len(runs)}/{len(specs)} runs reported in {md_path} ({meta.wall_s / 60:.1f} min)")
     return md_path
 
@@ -106,22 +116,31 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny grid for a smoke check (minutes)")
+    p.add_argument(
+        "--mode",
+        choices=sorted(MODES),
+        default=None,
+        help="which grid: full (default), quick (= --quick), shared (the re-run slice)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once (one core each)")
     p.add_argument("--out", type=Path, default=None, help="results folder (see module doc)")
     p.add_argument(
         "--sections",
-        default=",".join(SECTIONS),
-        help=f"comma-separated subset of {','.join(SECTIONS)} to train and report",
+        default="",
+        help=f"comma-separated subset of {','.join(SECTIONS)} to train and report "
+        "(default: all; main,straggler for --mode shared)",
     )
     p.add_argument("--report-only", action="store_true", help="train nothing; report the cache")
     args = p.parse_args(argv)
-    sections = tuple(s for s in args.sections.split(",") if s)
+    mode = MODES[args.mode or ("quick" if args.quick else "full")]
+    default = ("main", "straggler") if mode.name == "shared" else SECTIONS
+    sections = tuple(s for s in args.sections.split(",") if s) if args.sections else default
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         p.error(f"unknown sections: {', '.join(sorted(unknown))}")
     command = "python bench/paper.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     run(
-        MODES["quick" if args.quick else "full"],
+        mode,
         out=args.out,
         jobs=args.jobs,
         sections=sections,

@@ -2,6 +2,6 @@
 
 ``bench/paper.py`` is the command; this package holds its parts so that each stays
 readable: :mod:`.grid` says what runs, :mod:`.execute` runs it (cached, in parallel),
-:mod:`.policy` holds a proposed H rule tried here only, :mod:`.analysis` turns summaries
-into numbers, :mod:`.report` into markdown and :mod:`.plots` into PNGs.
+:mod:`.analysis` turns summaries into numbers, :mod:`.report` (and :mod:`.shared`, the
+re-run with the daemon's round) into markdown and :mod:`.plots` into PNGs.
 """

@@ -1,5 +1,6 @@
 """From run summaries to the numbers in the tables: means over seeds, time to a target loss,
-and the clock of a fixed-H run re-timed on a straggler's network (``gaslocd.sim.replay``)."""
+and a run on a straggler's network: trained there, or re-timed there when that is exact
+(``gaslocd.sim.replay`` checks it round by round)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gaslocd.config import SimConfig, Straggler
+from gaslocd.sim.replay import ReplayRefused, replay_clock
 
-from .grid import Mode, Network, RunSpec
+from .execute import configs
+from .grid import Mode, RunSpec
 
 
 @dataclass(frozen=True)
@@ -104,18 +106,6 @@ def time_to_target(points: Sequence[tuple[float, float]], target: float) -> floa
     return None
 
 
-def straggler_sim(network: Network, workers: int, rounds: int, fraction: float | None) -> SimConfig:
-    return SimConfig(
-        workers=workers,
-        rounds=rounds,
-        bandwidth_mbps=network.bandwidth_mbps,
-        latency_ms=network.latency_ms,
-        step_time_s=network.step_time_s,
-        stragglers=() if fraction is None else (Straggler(0, fraction),),
-        message_bytes=network.message_bytes,
-    )
-
-
 @dataclass(frozen=True)
 class Timed:
     """A run's validation curve on some network: (round, wall s, loss), its idle fraction."""
@@ -131,25 +121,47 @@ class Timed:
 def timed(run: Run, mode: Mode, fraction: float | None) -> Timed:
     """``run`` on a network with worker 0 at ``fraction`` of the bandwidth.
 
-    A run that trained on that very network keeps its own clock. A fixed-H run is
-    re-timed (its models do not depend on the network); an adaptive one is not, since
-    its H, hence its models, would have been others.
+    A run that trained on that very network keeps its own clock. Any other is re-timed
+    by replaying the daemon's round on that network without models; the replay raises
+    :class:`ReplayRefused` when some round would have come out otherwise there (another
+    H, other filled steps, a missed deadline), since the models would then differ too.
     """
     spec = run.spec
     if spec.straggler == fraction:
         return Timed(
             run.val_curve, float(run.summary["idle_fraction"]), float(run.summary["wall_clock_s"])
         )
-    if spec.adapt_h:
-        raise ValueError(f"{spec.key} adapted H to its own network; it cannot be re-timed")
-    from gaslocd.sim.replay import replay_clock
-
-    steps = run.inner_steps
-    sim = straggler_sim(mode.network, spec.workers, len(steps), fraction)
-    points, clock = replay_clock(spec.topology, spec.seed, sim, steps)
+    rounds = run.summary.get("rounds")
+    if rounds is None:
+        raise ReplayRefused(f"{spec.key} predates the shared round: no per-round digests")
+    algo, _, sim = configs(replace(spec, straggler=fraction), mode.budget, mode.network)
+    digests = [r["digest"] for r in rounds]
+    points, clock = replay_clock(algo, sim, run.summary["run_id"], digests)
     wall = {0: 0.0} | {p.round: p.wall_clock_s for p in points}
     curve = [(r, wall[r], v) for r, _, v in run.val_curve]
     return Timed(curve, clock.idle_fraction(), clock.wall_clock_s)
+
+
+def on_network(
+    runs: dict[str, Run], spec: RunSpec, mode: Mode, fraction: float | None
+) -> tuple[Run, Timed, str] | None:
+    """``spec``'s run on the network with worker 0 at ``fraction``: (run, clock, how).
+
+    How: "trained" when a run of ``spec`` trained on that network exists, "re-timed" when
+    ``spec``'s own run re-times exactly onto it; None when neither (or not run yet).
+    """
+    if spec.straggler != fraction:
+        there = runs.get(replace(spec, straggler=fraction).key)
+        if there is not None:
+            return there, timed(there, mode, fraction), "trained"
+    run = runs.get(spec.key)
+    if run is None:
+        return None
+    try:
+        clock = timed(run, mode, fraction)
+    except ReplayRefused:
+        return None
+    return run, clock, "trained" if spec.straggler == fraction else "re-timed"
 
 
 def straggler_mean_h(run: Run) -> float:
@@ -159,3 +171,9 @@ def straggler_mean_h(run: Run) -> float:
 
 def others_mean_h(run: Run) -> float:
     return statistics.fmean(statistics.fmean(steps[1:]) for steps in run.inner_steps)
+
+
+def filled_per_round(run: Run) -> float:
+    """Steps trained while waiting for partners, per worker and round (mean)."""
+    rounds = run.summary["val_loss_curve"][-1]["round"]
+    return float(run.summary.get("filled_steps", 0)) / (rounds * run.spec.workers)

@@ -2,8 +2,9 @@
 
 A run's file holds the simulator's own summary (``gaslocd.sim.summary``), thinned so that
 a hundred runs stay small, plus the spec, the budget, the network and the equivalent
-``gaslocd simulate`` command. A file whose spec, budget and network match is reused, so an
-interrupted grid resumes where it stopped and a report can be rebuilt without training.
+``gaslocd simulate`` command. A file whose spec, budget, network and protocol match is
+reused, so an interrupted grid resumes where it stopped and a report can be rebuilt
+without training; one trained by an older simulator (another ``PROTOCOL``) is not.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from gaslocd.sim.summary import simulation_summary, write_json
 from gaslocd.train.data import Corpus, load_corpus
 
 from .grid import Budget, Mode, Network, RunSpec
-from .policy import DeadlineSimulation
 
 MAX_CURVE_POINTS = 100  # the consensus curve is thinned to about this many rounds
+# What the simulator runs: "shared-round" is the daemon's round (gaslocd.sim.schedule).
+# Files without it were trained by the simulator's own round, which no daemon ran.
+PROTOCOL = "shared-round"
 
 
 def configs(
@@ -66,7 +69,7 @@ def configs(
 
 
 def cli_command(spec: RunSpec, budget: Budget, network: Network) -> str:
-    """The ``gaslocd simulate`` line that trains the same run (deadline H has none)."""
+    """The ``gaslocd simulate`` line that trains the same run (run id: the default)."""
     algo, train, sim = configs(spec, budget, network)
     flags = [
         f"--workers {sim.workers}",
@@ -89,14 +92,16 @@ def cli_command(spec: RunSpec, budget: Budget, network: Network) -> str:
         flags.append(f"--straggler 0:{spec.straggler:g}")
     if spec.adapt_h:
         flags.append("--adapt-h")
-    line = "gaslocd simulate " + " ".join(flags)
-    return line + (
-        "  # with bench/paperlib/policy.py's deadline H" if spec.policy == "deadline" else ""
-    )
+    return "gaslocd simulate " + " ".join(flags)
 
 
 def _identity(spec: RunSpec, budget: Budget, network: Network) -> dict[str, Any]:
-    return {"spec": spec.as_dict(), "budget": asdict(budget), "network": asdict(network)}
+    return {
+        "spec": spec.as_dict(),
+        "budget": asdict(budget),
+        "network": asdict(network),
+        "protocol": PROTOCOL,
+    }
 
 
 def load_cached(
@@ -122,6 +127,9 @@ def _thin(summary: dict[str, Any], adaptive: bool) -> dict[str, Any]:
     del summary["train_loss_curve"]
     if not adaptive:
         del summary["inner_steps_curve"]  # constant H: the spec says it
+    for entry in summary["rounds"]:  # the digest stands for W (what a replay checks)
+        for key in ("roster", "edges", "mixing_matrix"):
+            del entry[key]
     return summary
 
 
@@ -153,9 +161,8 @@ def run_one(spec: RunSpec, budget: Budget, network: Network, path: Path) -> dict
         _init_process(1)
     assert _corpus is not None
     algo, train, sim = configs(spec, budget, network)
-    kind = DeadlineSimulation if spec.policy == "deadline" else Simulation
     began = time.perf_counter()
-    simulation = kind(algo, train, sim, corpus=_corpus)
+    simulation = Simulation(algo, train, sim, corpus=_corpus)
     result = simulation.run()
     args = {
         "bench": _identity(spec, budget, network),

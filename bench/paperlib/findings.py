@@ -92,7 +92,6 @@ def claim3(mode: Mode, numbers: dict[Any, Any]) -> str:
         di = numbers.get(("DiLoCo", f), {})
         ad = numbers.get(("GASLoC-1peer +adapt-H", f), {})
         fx = numbers.get(("GASLoC-1peer", f), {})
-        dl = numbers.get(("GASLoC-1peer +deadline-H", f), {})
         if not ad.get("speed"):
             parts.append(f"{f:.0%}: adaptive-H GASLoC did not reach target A")
             speeds.append(0.0)
@@ -101,8 +100,6 @@ def claim3(mode: Mode, numbers: dict[Any, Any]) -> str:
         extra = []
         if fx.get("speed"):
             extra.append(f"fixed-H GASLoC-1peer {fx['speed'].mean:.2f}×")
-        if dl.get("speed"):
-            extra.append(f"deadline-H (proposal, seed 0) {dl['speed'].mean:.2f}×")
         strict = ad.get("speed_strict")
         longer = numbers.get((f"GASLoC-1peer +adapt-H ({mode.long_scale}× rounds)", f), {})
         if strict is None and longer.get("speed_strict"):

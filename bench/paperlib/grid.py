@@ -2,10 +2,14 @@
 
 Every run of a mode trains the same number of inner steps per worker (a fixed token
 budget: steps × batch × seq_len), so H=1 runs do many short rounds and H=60 runs few long
-ones. Seeds fix the initial model, the data streams, the pairings and the held-out batches.
-A run with a fixed H does not depend on the network (the clock only times it), so the
-straggler section re-times the homogeneous H=30 runs on the straggler's network and only
-trains anew the runs whose H adapts to that network.
+ones. Seeds fix the initial model, the data streams, the pairings (run id ``sim-<seed>``)
+and the held-out batches.
+
+Runs use the daemon's round (``gaslocd.sim``): exchange deadlines, filling the wait and
+resyncs make even a fixed-H gossip run depend on its network, so the straggler section
+trains GASLoC on the straggler's network, fixed H and adaptive alike. DiLoCo (a barrier
+all-reduce with a fixed H) trains the same models on any network: its homogeneous run is
+re-timed (``gaslocd.sim.replay``, which checks that every round would be the same).
 """
 
 from __future__ import annotations
@@ -71,14 +75,7 @@ class RunSpec:
     codec: str = "fp32"
     adapt_h: bool = False
     straggler: float | None = None
-    policy: str = "design"  # "design": DESIGN §1's H rule; "deadline": the proposal in policy.py
     budget_scale: int = 1  # × the mode's steps per worker (a longer horizon, same H)
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("design", "deadline"):
-            raise ValueError(f"unknown H policy {self.policy!r}")
-        if self.policy == "deadline" and not self.adapt_h:
-            raise ValueError("the deadline policy is an adaptive-H rule: set adapt_h")
 
     @property
     def outer(self) -> tuple[float, float]:
@@ -97,7 +94,7 @@ class RunSpec:
         if self.algo != "diloco":
             name += f"-{self.topology}"
         if self.adapt_h:
-            name += " +adapt-H" if self.policy == "design" else " +deadline-H"
+            name += " +adapt-H"
         return name
 
     @property
@@ -120,7 +117,7 @@ class RunSpec:
             self.codec,
         ]
         if self.adapt_h:
-            parts.append("adapt" if self.policy == "design" else "deadline")
+            parts.append("adapt")
         if self.straggler is not None:
             parts.append(f"strag{self.straggler:g}")
         if self.budget_scale != 1:
@@ -161,6 +158,8 @@ class Mode:
     codecs: tuple[str, ...]
     straggler_fractions: tuple[float, ...]
     seeds: tuple[int, ...]
+    methods: tuple[str, ...] = ()  # non-empty: a slice that runs only these methods
+    with_long: bool = True  # the 2× horizon sections ("long", "straggler_long")
     sections: dict[str, list[RunSpec]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -194,21 +193,19 @@ class Mode:
                 if n == n8:
                     main.append(RunSpec("local-dadam", "1peer", h, n, seed))
         straggler = [
-            _gasloc("1peer", h, n8, seed, adapt_h=True, straggler=f)
+            _gasloc(topology, h, n8, seed, adapt_h=adapt, straggler=f)
             for f in self.straggler_fractions
             for seed in self.seeds
+            for topology, adapt in (("1peer", True), ("1peer", False), ("2peer", False))
         ]
-        for f in self.straggler_fractions:
-            straggler.append(_gasloc("2peer", h, n8, s0, adapt_h=True, straggler=f))
-            straggler.append(
-                _gasloc("1peer", h, n8, s0, adapt_h=True, straggler=f, policy="deadline")
-            )
-        # The same with a longer horizon (seed 0): fixed-H runs come from "long", re-timed.
+        straggler += [
+            _gasloc("2peer", h, n8, s0, adapt_h=True, straggler=f) for f in self.straggler_fractions
+        ]
+        # The same with a longer horizon (seed 0); DiLoCo's comes from "long", re-timed.
         straggler_long = [
-            _gasloc("1peer", h, n8, s0, adapt_h=True, straggler=f, policy=policy, budget_scale=x)
+            _gasloc("1peer", h, n8, s0, adapt_h=adapt, straggler=f, budget_scale=self.long_scale)
             for f in self.straggler_fractions
-            for policy in ("design", "deadline")
-            for x in (self.long_scale,)
+            for adapt in (True, False)
         ]
         outer = [
             make(h, n8, s0, outer_lr=lr, outer_momentum=mom)
@@ -245,6 +242,8 @@ class Mode:
             _gasloc("1peer", h_low, n8, s0, outer_lr=0.5, outer_momentum=0.5),
             RunSpec("local-dadam", "1peer", h_low, n8, s0),
         ]
+        if not self.with_long:
+            long, straggler_long = [], []
         self.sections.update(
             h1_tune=h1_tune,
             h1=h1,
@@ -257,6 +256,9 @@ class Mode:
             codec=codec,
             diagnose=diagnose,
         )
+        if self.methods:  # a slice of the grid: only these methods, in every section
+            for name, specs in self.sections.items():
+                self.sections[name] = [s for s in specs if s.method in self.methods]
 
     def tuned_h1(self, outer: tuple[float, float]) -> list[RunSpec]:
         """GASLoC-1peer and -2peer at H=1 with the tuned (η, μ), on every seed."""
@@ -330,4 +332,23 @@ QUICK = replace(
     seeds=(0,),
 )
 
-MODES = {"full": FULL, "quick": QUICK}
+# The re-run with the daemon's round (issue "one protocol, two clocks"): 8 workers, H=30,
+# seed 0; GASLoC (1peer, 2peer; fixed and adaptive H) against DiLoCo, without a straggler
+# and with one at 10% / 20% bandwidth. About 11 runs, 20-30 min on one core.
+SHARED = replace(
+    FULL,
+    name="shared",
+    workers=(8,),
+    single_seed_workers=(),
+    seeds=(0,),
+    methods=(
+        "GASLoC-1peer",
+        "GASLoC-2peer",
+        "DiLoCo",
+        "GASLoC-1peer +adapt-H",
+        "GASLoC-2peer +adapt-H",
+    ),
+    with_long=False,
+)
+
+MODES = {"full": FULL, "quick": QUICK, "shared": SHARED}

@@ -21,10 +21,10 @@ _colors: dict[str, object] = {}
 
 def style(label: str) -> dict[str, object]:
     """One colour per base method across every plot; the line style marks the variant
-    (solid: fixed H, dashed: adaptive H, dotted: the deadline proposal)."""
+    (solid: fixed H, dashed: adaptive H)."""
     base = label.split(" +")[0].split(" (")[0]
     color = _colors.setdefault(base, _PALETTE[len(_colors) % len(_PALETTE)])
-    dash = ":" if "deadline" in label else "--" if "adapt" in label else "-"
+    dash = "--" if "adapt" in label else "-"
     return {"color": color, "linestyle": dash}
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from . import findings, plots, tables
+from . import findings, plots, straggler, tables
 from .analysis import Run
 from .grid import Mode
 
@@ -90,7 +90,8 @@ def _setup(mode: Mode, meta: Meta, corpus: str, json_dir: Path) -> list[str]:
         f"- validation loss: mean of the workers' own models on {b.eval_batches} fixed held-out "
         f"batches, about {b.evals_per_run} times per run; seeds {', '.join(map(str, mode.seeds))}; "
         "`a ± b` is the mean over seeds ± half their range",
-        f"- simulated clock (for time only; the math does not depend on it): step "
+        "- simulated clock (it shapes the training too: adaptive H, filling the wait, "
+        f"exchange deadlines): step "
         f"{net.step_time_s:g} s, message {net.message_bytes / 1e6:.0f} MB (134M parameters × "
         f"2 bytes), {net.bandwidth_mbps:g} Mbit/s links, {net.latency_ms:g} ms latency. "
         f"H={mode.h_main} is {compute:.1f} s of compute per round against {transfer:.2f} s for "
@@ -129,10 +130,24 @@ def _straggler_model(mode: Mode) -> list[str]:
                 if fits
                 else f" (H_min), and the pair still ends {xs + net.step_time_s - target:.1f} s "
                 "after T: the slow transfer alone exceeds T, so no H can hide it and the "
-                "straggler's partners wait."
+                "straggler's next partners wait (with adaptive H, training on: filling the "
+                "wait)."
             )
         )
     return [*lines, ""]
+
+
+CLOCK_LEGEND = (
+    "'trained': the run trained on this network (the daemon's round: exchange deadlines, "
+    "filling the wait and resyncs make even a fixed-H gossip run depend on its network); "
+    "'re-timed': a run from (2) timed on this network with `gaslocd.sim.replay`, which "
+    "replays the protocol without models and refuses unless every round's H, filled steps "
+    "and W come out the same (so the models are the same; DiLoCo, a barrier all-reduce "
+    "with a fixed H, always does). Idle: time lost waiting on others (late partners, "
+    "crawling at a partner's slower link, exchanges that failed at their deadline), share "
+    "of all workers' time; filling the wait is compute. Filled steps: steps trained after "
+    "the planned H while waiting for partners, per worker and round."
+)
 
 
 def write_report(
@@ -144,7 +159,7 @@ def write_report(
     corpus = next(iter(runs.values())).summary["args"].get("corpus", "?") if runs else "?"
     h1 = tables.h1_section(mode, runs)
     main = tables.main_section(mode, runs)
-    strag = tables.straggler_section(mode, runs)
+    strag = straggler.straggler_section(mode, runs)
     outer = tables.outer_section(mode, runs)
     hs = tables.h_sweep_section(mode, runs)
     long = tables.long_section(mode, runs)
@@ -197,11 +212,7 @@ def write_report(
         "token budget, so a method that finishes its rounds sooner on the clock can go on to "
         "lower losses (target B); they compare with DiLoCo run as long. "
         "Time to target is interpolated between validation points on the simulated clock. "
-        "'re-timed': a fixed-H run from (2) timed on the straggler's network with "
-        "`gaslocd.sim.replay` (the same models; only the clock differs); 'trained': H adapted "
-        "to this network, so the run was trained on it. Idle: time lost waiting on others "
-        "(late partners, or crawling at a partner's slower link), share of all workers' time. "
-        "'+deadline-H' is the rule proposed in `bench/paperlib/policy.py` (not in gaslocd).",
+        + CLOCK_LEGEND,
         "",
         *strag.lines,
         *_images(pngs, "straggler"),
@@ -271,7 +282,7 @@ def _plots(
         panels = [
             (
                 f"worker 0 at {f:.0%} bandwidth (seed {s0}{horizon})",
-                tables.straggler_curves(mode, runs, f, long=long),
+                straggler.straggler_curves(mode, runs, f, long=long),
             )
             for f in mode.straggler_fractions
         ]

@@ -1,10 +1,12 @@
-"""N workers in one process: the daemon's algorithm over an in-memory wire and a fake clock.
+"""N workers in one process: the daemon's round over an in-memory wire and a simulated clock.
 
-Each worker is a real model with its own AdamW and its own data stream; a round is the
-daemon's round (plan → H steps → exchange → outer step) with the network replaced by
-:class:`~gaslocd.net.memory.InMemoryTransport` and time by :class:`SimClock`. The math
-does not depend on the clock, so a run is reproducible from its seed; the clock only
-turns it into wall-clock (time-to-loss, idle fraction) for a given network.
+Each worker is a :class:`~gaslocd.train.worker.Worker`, the class a daemon trains with,
+and each round is decided by the daemon's protocol (:mod:`gaslocd.sim.schedule` calls
+:mod:`gaslocd.protocol` with the simulated ``now``): H from measured step times and
+links, filling the wait, exchange deadlines, the one-sided discard, resync, solo rounds.
+The network is :class:`~gaslocd.net.memory.InMemoryTransport` (the codec's encoding and
+error feedback, edge faults). So a ``gaslocd simulate`` result measures the protocol a
+daemon runs, and a run is reproducible from its seed and run id.
 """
 
 from __future__ import annotations
@@ -12,45 +14,43 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from gaslocd.algorithm.hpolicy import choose_inner_steps, target_round_time
-from gaslocd.algorithm.outer import consensus_distance, mix, outer_step_, renormalized_weights
-from gaslocd.algorithm.topology import RoundPlan, plan_round
-from gaslocd.config import AlgoConfig, SimConfig, TrainConfig
+from gaslocd.algorithm.outer import consensus_distance
+from gaslocd.config import AlgoConfig, SimConfig, TrainConfig, WireConfig
 from gaslocd.net.memory import EdgeFault, InMemoryTransport
-from gaslocd.sim.clock import NetworkModel, SimClock
-from gaslocd.train.data import BatchSampler, Corpus, fixed_batches, load_corpus
-from gaslocd.train.flat import FlatParameters
-from gaslocd.train.inner import InnerTrainer
-from gaslocd.train.model import build_model
+from gaslocd.sim.clock import SimClock
+from gaslocd.sim.schedule import RoundState, Schedule, network_model, worker_roster
+from gaslocd.train.data import Corpus, load_corpus
+from gaslocd.train.worker import Worker, held_out_batches
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class SimWorker:
-    peer_id: str
-    flat: FlatParameters
-    trainer: InnerTrainer
-    momentum: torch.Tensor
+__all__ = ["RoundRecord", "SimResult", "Simulation", "worker_roster"]
 
 
 @dataclass(frozen=True)
 class RoundRecord:
     """What one round did; the CLI prints it, the summary collects it."""
 
-    round: int
-    inner_steps: tuple[int, ...]
+    round: int  # 1-based, as the daemon's run log; its pairing is plan_round(..., round - 1)
+    inner_steps: tuple[int, ...]  # planned H per worker (filled steps not included)
     train_loss: float
     val_loss: float | None
     consensus: float
     wall_clock_s: float
     idle_fraction: float
     exchange_failures: int
+    filled_steps: tuple[int, ...] = ()  # steps trained while waiting for partners
+    roster: tuple[str, ...] = ()  # sorted: the order of W's rows and columns
+    edges: tuple[tuple[str, str], ...] = ()  # the planned exchanges
+    mixing_matrix: tuple[tuple[float, ...], ...] = ()  # W as applied
+    failure_reasons: dict[str, int] = field(default_factory=dict)
+    resyncs: tuple[tuple[str, str], ...] = ()  # (peer, the peer whose state it took)
+    digest: str = ""  # gaslocd.sim.schedule.round_digest of this round
 
 
 @dataclass
@@ -60,56 +60,20 @@ class SimResult:
     bytes_sent_per_worker: list[float] = field(default_factory=list)
     idle_fraction: float = 0.0
     idle_fraction_per_worker: list[float] = field(default_factory=list)
+    pace_fraction: float = 0.0  # held back by the protocol's pacing (not idle, not compute)
+    compute_fraction_per_worker: list[float] = field(default_factory=list)
     wall_clock_s: float = 0.0
     step_time_s: float = 0.0
     message_bytes: int = 0
     tokens_per_worker: int = 0
     real_elapsed_s: float = 0.0
+    run_id: str = ""
+    pace_timeouts: int = 0
 
     @property
     def final_val_loss(self) -> float:
         vals = [r.val_loss for r in self.records if r.val_loss is not None]
         return vals[-1] if vals else self.initial_val_loss
-
-
-def worker_roster(workers: int) -> list[str]:
-    """The simulated peers' ids, sorted as the roster is."""
-    return [f"w{k:03d}" for k in range(workers)]
-
-
-def network_model(sim: SimConfig, encoded_message_bytes: int) -> NetworkModel:
-    """The clock's network for ``sim``: its own message size if set, else the encoded model."""
-    return NetworkModel(
-        tuple(sim.bandwidth_bytes_per_s(k) for k in range(sim.workers)),
-        sim.latency_ms / 1000,
-        sim.message_bytes or encoded_message_bytes,
-    )
-
-
-def advance_clock(
-    clock: SimClock,
-    net: NetworkModel,
-    plan: RoundPlan,
-    inner_steps: Sequence[int],
-    step_times: Sequence[float],
-    *,
-    allreduce: bool,
-    exchanged: Mapping[str, set[str]] | None = None,
-) -> None:
-    """Advance ``clock`` through one round of ``plan``: a barrier all-reduce or gossip.
-
-    ``exchanged`` (peer → partners it did exchange with) drops failed gossip edges; None
-    means every planned edge went through. The run and :func:`~gaslocd.sim.replay.replay_clock`
-    both advance their clocks here, so a replay cannot drift from the run it re-times.
-    """
-    if allreduce:
-        clock.allreduce_round(inner_steps, step_times, net)
-        return
-    index = {p: k for k, p in enumerate(plan.roster)}
-    edges = [
-        (index[a], index[b]) for a, b in plan.edges() if exchanged is None or b in exchanged[a]
-    ]
-    clock.gossip_round(inner_steps, step_times, edges, net)
 
 
 class Simulation:
@@ -127,127 +91,127 @@ class Simulation:
         self.algo = algo.resolved()
         self.train = train
         self.sim = sim
+        self.run_id = sim.run_id or f"sim-{train.seed}"
         self.corpus = corpus if corpus is not None else load_corpus(train.data)
         self.roster = worker_roster(sim.workers)
-        self.workers = [self._make_worker(k, peer) for k, peer in enumerate(self.roster)]
-        numel = self.workers[0].flat.numel
-        self.transport = InMemoryTransport(sim.codec, numel, edge_fails)
-        self.eval_batches = fixed_batches(
-            self.corpus.val,
-            batch_size=train.batch_size,
-            seq_len=train.seq_len,
-            n=train.eval_batches,
-            seed=train.seed,
-        )
+        self.eval_batches = held_out_batches(self.corpus, train)
+        # Data streams by index (as the simulator always had); a daemon derives its own
+        # from its peer id. Every worker starts from the same θ0.
+        self.workers = [
+            Worker(train, self.corpus, k, self.eval_batches) for k in range(sim.workers)
+        ]
+        self.transport = InMemoryTransport(sim.codec, self.workers[0].numel, edge_fails)
+        self.message_bytes = sim.message_bytes or self.transport.message_bytes
         self.net = network_model(sim, self.transport.message_bytes)
-        self.clock = SimClock(sim.workers)
+        self.norm_bound = WireConfig().norm_bound
+        self._schedule: Schedule | None = None
         self._bytes_sent = [0.0] * sim.workers
 
-    def _make_worker(self, k: int, peer_id: str) -> SimWorker:
-        # Every worker starts from the same θ0 (same init seed), as DiLoCo does; they
-        # differ by their data streams.
-        model = build_model(
-            self.train.model,
-            vocab_size=self.corpus.vocab_size,
-            seq_len=self.train.seq_len,
-            seed=self.train.seed,
-        )
-        flat = FlatParameters(model)
-        sampler = BatchSampler(
-            self.corpus.train,
-            batch_size=self.train.batch_size,
-            seq_len=self.train.seq_len,
-            seed=self.train.seed,
-            worker=k,
-        )
-        trainer = InnerTrainer(model, flat, sampler, self.train)
-        return SimWorker(peer_id, flat, trainer, torch.zeros_like(flat.flat))
+    @property
+    def schedule(self) -> Schedule:
+        if self._schedule is None:
+            raise RuntimeError("the schedule exists once run() knows the step time")
+        return self._schedule
+
+    @property
+    def clock(self) -> SimClock:
+        return self.schedule.clock
 
     # -- one round ----------------------------------------------------------------------
 
-    def _uses_allreduce(self) -> bool:
-        # The complete graph is run as an all-reduce: that is how anyone would implement
-        # it, and it is what DiLoCo does.
-        return self.algo.topology == "complete"
+    def _train(self, state: RoundState) -> list[float]:
+        """Every worker's planned and filled steps, then what it offers: θ̃ for gossip,
+        the pseudo-gradient Δ = θ − θ̃ for an all-reduce (encoded as the wire would)."""
+        losses: list[float] = []
+        for k, w in enumerate(self.workers):
+            w.begin_round()
+            losses += w.trainer.train_steps(state.planned[k])
+            losses += w.trainer.train_steps(state.filled[k])  # filling the wait: real steps
+            offer = w.flat.flat if state.group is None else w.theta_start - w.flat.flat
+            self.transport.post(state.round, self.roster[k], offer)
+        return losses
 
-    def _transfer_estimates(self, plan: RoundPlan) -> tuple[list[float], list[float]]:
-        """(expected transfer this round, typical transfer) per worker, in seconds.
+    def _refusals(self, state: RoundState) -> set[tuple[int, int]]:
+        """(receiver, sender) pairs where the receiver's wire would refuse the sender's θ̃
+        (farther than the norm bound from its own): the daemon's one-sided discard."""
+        refused = set()
+        for e in (e for e in state.edges if e.moved):
+            for me, other in ((e.a, e.b), (e.b, e.a)):
+                own = self.workers[me].flat.flat
+                theirs = self.transport.fetch(state.round, self.roster[other])
+                if float((theirs - own).norm()) > self.norm_bound * float(own.norm()):
+                    refused.add((me, other))
+        return refused
 
-        The first is what worker k's exchanges will take with *this round's* partners;
-        the second what they would take on its own link alone: its median over workers
-        is the network's "typical transfer time" in the target T, so a straggler's slow
-        link shortens its own round's compute without raising everyone's target.
-        """
-        if self._uses_allreduce():
-            typical = [self.net.own_allreduce_s(k) for k in range(self.sim.workers)]
-            return [self.net.allreduce_s()] * self.sim.workers, typical
-        index = {p: k for k, p in enumerate(self.roster)}
-        expected, typical = [], []
-        for k, peer in enumerate(self.roster):
-            times = [
-                self.net.edge_transfer_s(k, index[q], plan.degree(peer), plan.degree(q))
-                for q in plan.partners_of(peer)
-            ]
-            expected.append(max(times, default=0.0))
-            typical.append(self.net.own_transfer_s(k, max(1, plan.degree(peer))))
-        return expected, typical
+    def _mix(self, state: RoundState) -> None:
+        """The outer step of every worker through the daemon's own Worker methods."""
+        t, cfg = state.round, self.algo.outer
+        if state.group is not None:
+            members = [self.transport.fetch(t, self.roster[k]) for k in state.group]
+            average = torch.stack(members).mean(dim=0) if members else None
+            for k, w in enumerate(self.workers):
+                if average is not None and k in state.group:
+                    w.outer_update_from_average(average, cfg)
+                else:  # out of the group: its own pseudo-gradient, as the daemon falls back
+                    w.outer_update_from_average(w.theta_start - w.flat.flat, cfg)
+            return
+        for w, peer, row in zip(self.workers, self.roster, state.rows, strict=True):
+            received = {q: self.transport.fetch(t, q) for q in row if q != peer}
+            w.outer_update(row, received, peer, cfg)
 
-    def _inner_steps(self, plan: RoundPlan, step_times: list[float]) -> list[int]:
-        h_base = self.algo.inner_steps
-        if not self.algo.adapt_h:
-            return [h_base] * self.sim.workers
-        expected, typical = self._transfer_estimates(plan)
-        target = target_round_time(h_base, step_times, typical)
-        return [
-            choose_inner_steps(target, x, s, self.algo.h_min, self.algo.h_upper)
-            for x, s in zip(expected, step_times, strict=True)
-        ]
+    def _resync(self, state: RoundState) -> None:
+        """Peers that failed to exchange for several rounds take a live peer's θ, m and
+        round (their AdamW state and data position stay), as ``Membership.resync``."""
+        snapshots = {src: self.workers[src].snapshot() for _, src in state.resyncs}
+        for k, src in state.resyncs:
+            snap, w = snapshots[src], self.workers[k]
+            w.adopt(max(snap.round, w.round), snap.theta, snap.momentum)
 
-    def _exchange(self, plan: RoundPlan, t: int) -> tuple[dict[str, set[str]], int]:
-        ok: dict[str, set[str]] = {p: set() for p in self.roster}
-        failures = 0
-        for a, b in plan.edges():
-            if self.transport.exchange(t, a, b):
-                ok[a].add(b)
-                ok[b].add(a)
-            else:
-                failures += 1
-        index = {p: k for k, p in enumerate(self.roster)}
-        if self._uses_allreduce():
-            for k in range(self.sim.workers):
-                self._bytes_sent[k] += self.net.allreduce_bytes() if ok[self.roster[k]] else 0
-        else:
-            for p, partners in ok.items():
-                self._bytes_sent[index[p]] += len(partners) * self.net.message_bytes
-        return ok, failures
+    def _count_bytes(self, state: RoundState) -> None:
+        if state.group is not None:
+            for k in state.group:
+                self._bytes_sent[k] += self.net.allreduce_bytes(len(state.group))
+            return
+        for e in (e for e in state.edges if e.moved):
+            self._bytes_sent[e.a] += self.net.message_bytes
+            self._bytes_sent[e.b] += self.net.message_bytes
 
-    def _round(self, t: int, step_times: list[float]) -> tuple[list[int], float, int]:
-        plan = plan_round(self.algo.topology, self.roster, t, self.train.seed)
-        inner_steps = self._inner_steps(plan, step_times)
-        starts, losses = [], []
-        for w, h in zip(self.workers, inner_steps, strict=True):
-            starts.append(w.flat.clone())
-            losses.extend(w.trainer.train_steps(h))
-            self.transport.post(t, w.peer_id, w.flat.flat)
-        ok, failures = self._exchange(plan, t)
-        for w, start in zip(self.workers, starts, strict=True):
-            row = renormalized_weights(plan.mixing_weights(w.peer_id), w.peer_id, ok[w.peer_id])
-            tensors = {q: self.transport.fetch(t, q) for q in row if q != w.peer_id}
-            tensors[w.peer_id] = w.flat.flat  # one's own θ̃ is known exactly
-            mixed = mix(row, tensors)
-            w.flat.load_(start)
-            outer_step_(w.flat.flat, w.momentum, mixed, self.algo.outer)
+    def _round(self, t: int) -> tuple[RoundState, float]:
+        schedule = self.schedule
+        state = schedule.begin(t)
+        losses = self._train(state)
+        schedule.exchange(state, self.transport.exchange)
+        if state.group is None:
+            state.refused = self._refusals(state)
+        schedule.settle(state)
+        self._mix(state)
+        self._resync(state)
         self.transport.end_round(t)
-        advance_clock(
-            self.clock,
-            self.net,
-            plan,
-            inner_steps,
-            step_times,
-            allreduce=self._uses_allreduce(),
-            exchanged=ok,
+        self._count_bytes(state)
+        if any(w.round != t + 1 for w in self.workers):
+            raise RuntimeError(f"round {t}: a worker's round number left the lockstep")
+        return state, statistics.fmean(losses)
+
+    def _record(self, state: RoundState, train_loss: float, val: float | None) -> RoundRecord:
+        ids = state.roster
+        matrix = state.mixing_matrix()
+        return RoundRecord(
+            round=state.round + 1,
+            inner_steps=tuple(state.planned),
+            train_loss=train_loss,
+            val_loss=val,
+            consensus=self.consensus(),
+            wall_clock_s=self.clock.wall_clock_s,
+            idle_fraction=self.clock.idle_fraction(),
+            exchange_failures=sum(state.failures.values()),
+            filled_steps=tuple(state.filled),
+            roster=ids,
+            edges=tuple(state.planned_edges()),
+            mixing_matrix=tuple(tuple(r) for r in matrix),
+            failure_reasons=dict(sorted(state.failures.items())),
+            resyncs=tuple((ids[k], ids[src]) for k, src in state.resyncs),
+            digest=state.digest(),
         )
-        return inner_steps, statistics.fmean(losses), failures
 
     # -- the run ------------------------------------------------------------------------
 
@@ -262,20 +226,21 @@ class Simulation:
         for w in self.workers:
             twin = next((loss for flat, loss in seen if torch.equal(flat, w.flat.flat)), None)
             if twin is None:
-                twin = w.trainer.evaluate(self.eval_batches)
+                twin = w.evaluate()
                 seen.append((w.flat.flat, twin))
             losses.append(twin)
         return statistics.fmean(losses)
 
     def consensus(self) -> float:
-        return consensus_distance({w.peer_id: w.flat.flat for w in self.workers})
+        pairs = zip(self.roster, self.workers, strict=True)
+        return consensus_distance({p: w.flat.flat for p, w in pairs})
 
     def measure_step_time(self, steps: int = 3) -> float:
         """Seconds per inner step on this machine, timed on a throwaway worker.
 
         A separate model and data stream, so measuring changes nothing in the run.
         """
-        probe = self._make_worker(self.sim.workers, "probe")
+        probe = Worker(self.train, self.corpus, self.sim.workers, self.eval_batches)
         probe.trainer.train_steps(1)  # warm-up: first-call allocations are not a step
         began = time.perf_counter()
         probe.trainer.train_steps(steps)
@@ -283,33 +248,36 @@ class Simulation:
 
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> SimResult:
         began = time.perf_counter()
-        result = SimResult(initial_val_loss=self.evaluate(), message_bytes=self.net.message_bytes)
+        result = SimResult(
+            initial_val_loss=self.evaluate(), message_bytes=self.message_bytes, run_id=self.run_id
+        )
         step_s = self.sim.step_time_s or self.measure_step_time()
-        step_times = [step_s] * self.sim.workers
+        self._schedule = Schedule(
+            self.algo,
+            self.sim,
+            self.run_id,
+            self.message_bytes,
+            [step_s] * self.sim.workers,
+            self.workers[0].fingerprint,
+        )
         for t in range(self.sim.rounds):
-            inner_steps, train_loss, failures = self._round(t, step_times)
+            state, train_loss = self._round(t)
             last = t == self.sim.rounds - 1
             val = self.evaluate() if (t + 1) % self.sim.eval_every == 0 or last else None
-            record = RoundRecord(
-                round=t + 1,
-                inner_steps=tuple(inner_steps),
-                train_loss=train_loss,
-                val_loss=val,
-                consensus=self.consensus(),
-                wall_clock_s=self.clock.wall_clock_s,
-                idle_fraction=self.clock.idle_fraction(),
-                exchange_failures=failures,
-            )
+            record = self._record(state, train_loss, val)
             result.records.append(record)
             if on_round is not None:
                 on_round(record)
+        clock = self.clock
         result.bytes_sent_per_worker = list(self._bytes_sent)
-        result.idle_fraction = self.clock.idle_fraction()
-        result.idle_fraction_per_worker = self.clock.idle_fraction_per_worker()
-        result.wall_clock_s = self.clock.wall_clock_s
+        result.idle_fraction = clock.idle_fraction()
+        result.idle_fraction_per_worker = clock.idle_fraction_per_worker()
+        result.pace_fraction = clock.pace_fraction()
+        result.compute_fraction_per_worker = clock.compute_fraction_per_worker()
+        result.wall_clock_s = clock.wall_clock_s
         result.step_time_s = step_s
-        result.tokens_per_worker = (
-            self.workers[0].trainer.steps_done * self.train.batch_size * self.train.seq_len
-        )
+        result.pace_timeouts = self.schedule.pace_timeouts
+        steps = sum(w.trainer.steps_done for w in self.workers) // len(self.workers)
+        result.tokens_per_worker = steps * self.train.batch_size * self.train.seq_len
         result.real_elapsed_s = time.perf_counter() - began
         return result

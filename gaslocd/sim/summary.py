@@ -4,6 +4,12 @@ One schema for both so that a simulated run and a real one plot with the same sc
 ``final_val_loss``, ``val_loss_curve`` ([{round, wall_clock_s, val_loss}]),
 ``consensus_curve`` ([{round, consensus}]), ``wall_clock_s``, ``bytes_sent_per_worker``,
 ``idle_fraction``, and ``args`` (everything needed to rerun it), plus extras.
+
+A simulated run also lists its ``rounds``: per round the sorted roster, the planned
+``edges``, the ``mixing_matrix`` W actually applied (rows of the protocol's
+``mixing_row`` after failed exchanges), planned ``inner_steps`` and ``filled_steps``
+per worker, failures by reason, resyncs and the round's ``digest`` (what the replay
+checks), so that its W can be compared with real daemons' on the same ``run_id``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from gaslocd.sim.runner import SimResult
+from gaslocd.sim.runner import RoundRecord, SimResult
 
 SCHEMA_VERSION = 1
 
@@ -34,6 +40,24 @@ def plain_json(value: Any) -> Any:
     return value
 
 
+def round_entry(r: RoundRecord) -> dict[str, Any]:
+    """One round of ``rounds``: its pairing, W, steps and failures (daemon's round numbering:
+    round r was planned as ``plan_round(topology, roster, r - 1, run_id)``)."""
+    return {
+        "round": r.round,
+        "wall_clock_s": r.wall_clock_s,
+        "roster": list(r.roster),
+        "edges": [list(e) for e in r.edges],
+        "mixing_matrix": [list(row) for row in r.mixing_matrix],
+        "inner_steps": list(r.inner_steps),
+        "filled_steps": list(r.filled_steps),
+        "exchange_failures": r.exchange_failures,
+        "failure_reasons": dict(r.failure_reasons),
+        "resyncs": [list(p) for p in r.resyncs],
+        "digest": r.digest,
+    }
+
+
 def simulation_summary(result: SimResult, args: dict[str, Any]) -> dict[str, Any]:
     """The summary dict of a simulated run."""
     val_curve = [{"round": 0, "wall_clock_s": 0.0, "val_loss": result.initial_val_loss}]
@@ -46,6 +70,7 @@ def simulation_summary(result: SimResult, args: dict[str, Any]) -> dict[str, Any
         {
             "schema_version": SCHEMA_VERSION,
             "kind": "simulate",
+            "run_id": result.run_id,
             "final_val_loss": result.final_val_loss,
             "val_loss_curve": val_curve,
             "consensus_curve": [
@@ -62,11 +87,17 @@ def simulation_summary(result: SimResult, args: dict[str, Any]) -> dict[str, Any
             "bytes_sent_per_worker": result.bytes_sent_per_worker,
             "idle_fraction": result.idle_fraction,
             "idle_fraction_per_worker": result.idle_fraction_per_worker,
+            "pace_fraction": result.pace_fraction,
+            "compute_fraction_per_worker": result.compute_fraction_per_worker,
+            "filled_steps": sum(sum(r.filled_steps) for r in result.records),
+            "resyncs": sum(len(r.resyncs) for r in result.records),
+            "pace_timeouts": result.pace_timeouts,
             "exchange_failures": sum(r.exchange_failures for r in result.records),
             "step_time_s": result.step_time_s,
             "message_bytes": result.message_bytes,
             "tokens_per_worker": result.tokens_per_worker,
             "real_elapsed_s": result.real_elapsed_s,
+            "rounds": [round_entry(r) for r in result.records],
             "args": args,
         }
     )

@@ -1,11 +1,11 @@
-"""The simulated clock: gossip waits for partners only, all-reduce waits for everyone."""
+"""The simulated clock's arithmetic: links, the fill rule, exchange deadlines, accounting."""
 
 from __future__ import annotations
 
 import pytest
 
-from gaslocd.algorithm.hpolicy import choose_inner_steps, target_round_time
-from gaslocd.sim.clock import NetworkModel, SimClock
+from gaslocd.protocol.policy import FillWait
+from gaslocd.sim.clock import DEADLINE, FAULT, OK, NetworkModel, SimClock, fill_steps, time_edge
 
 MB = 1_000_000
 
@@ -15,50 +15,60 @@ def _net(n: int, slow: dict[int, float] | None = None, message: int = 100 * MB) 
     return NetworkModel(tuple(bw), latency_s=0.0, message_bytes=message)
 
 
-def test_equal_workers_never_idle_in_either_mode() -> None:
-    net = _net(4)
-    gossip, allreduce = SimClock(4), SimClock(4)
-    for _ in range(3):
-        gossip.gossip_round([10] * 4, [0.1] * 4, [(0, 1), (2, 3)], net)
-        allreduce.allreduce_round([10] * 4, [0.1] * 4, net)
-    assert gossip.idle_fraction() == 0.0
-    assert allreduce.idle_fraction() == pytest.approx(0.0, abs=1e-12)
-    # 1 s compute + 100 MB at 125 MB/s = 1.8 s per gossip round.
-    assert gossip.wall_clock_s == pytest.approx(3 * 1.8)
-    # ring all-reduce moves 2(n−1)/n of the message: 150 MB → 1.2 s.
-    assert allreduce.wall_clock_s == pytest.approx(3 * (1.0 + 1.2))
-
-
-def test_a_slow_link_stalls_everyone_in_allreduce_but_only_its_partner_in_gossip() -> None:
+def test_link_arithmetic() -> None:
     net = _net(4, slow={0: 0.1})
-    gossip, allreduce = SimClock(4), SimClock(4)
-    gossip.gossip_round([10] * 4, [0.1] * 4, [(0, 1), (2, 3)], net)
-    allreduce.allreduce_round([10] * 4, [0.1] * 4, net)
-    assert gossip.idle_s[2] == gossip.idle_s[3] == 0.0
-    assert gossip.idle_s[1] == pytest.approx(8 - 0.8)  # waits on worker 0's 10× slower link
-    assert gossip.idle_s[0] == 0.0  # its own slow link is its own traffic, not waiting
-    assert min(allreduce.idle_s[1:]) == pytest.approx(12 - 1.2)
-    assert allreduce.wall_clock_s > gossip.now_s[2]
+    assert net.edge_transfer_s(2, 3, 1, 1) == pytest.approx(0.8)  # 100 MB at 125 MB/s
+    assert net.edge_transfer_s(0, 1, 1, 1) == pytest.approx(8.0)  # the slower side sets it
+    assert net.edge_transfer_s(2, 3, 2, 2) == pytest.approx(1.6)  # two partners share a link
+    assert net.own_transfer_s(1, 1) == pytest.approx(0.8)
+    # ring all-reduce: 2(n−1)/n of the message at the slowest member's link
+    assert net.allreduce_s([1, 2, 3]) == pytest.approx(2 * 2 / 3 * 100 / 125)
+    assert net.allreduce_s() == pytest.approx(1.5 * 100 / 12.5)
+    assert net.state_fetch_s(2, 3) == pytest.approx(1.6)
 
 
-def test_late_partner_makes_the_other_wait_and_the_wait_propagates_one_hop() -> None:
-    net = _net(4, message=0)
-    clock = SimClock(4)
-    clock.gossip_round([10, 10, 10, 40], [0.1] * 4, [(0, 1), (2, 3)], net)
-    assert clock.idle_s == pytest.approx([0, 0, 3.0, 0])
-    clock.gossip_round([10] * 4, [0.1] * 4, [(0, 2), (1, 3)], net)
-    # 1 starts at 1.0, ready at 2.0, but 3 (ready at 5.0) holds it: 3 s more idle.
-    assert clock.idle_s[1] == pytest.approx(3.0)
+def test_fill_stops_when_every_partner_said_ready() -> None:
+    fill = FillWait(room=100, until=1e9)
+    # ready at 1.0, 0.1 s steps, the partner's notice arrives at 2.05: steps at 1.0..2.0
+    assert fill_steps(fill, 1.0, 0.1, [2.05]) == 11
+    assert fill_steps(fill, 1.0, 0.1, [0.5]) == 0  # the partner was ready first
+    assert fill_steps(fill, 1.0, 0.1, [0.5, 1.25]) == 3  # waits for the last partner
+    assert fill_steps(None, 1.0, 0.1, [5.0]) == 0  # no fill: nothing to wait for
 
 
-def test_adaptive_h_removes_the_straggler_wait() -> None:
-    net = _net(2, slow={0: 0.1})
-    steps = [0.1, 0.1]
-    fixed, adapted = SimClock(2), SimClock(2)
-    fixed.gossip_round([30, 30], steps, [(0, 1)], net)
-    transfer = net.edge_transfer_s(0, 1, 1, 1)
-    target = target_round_time(30, steps, [net.own_transfer_s(1, 1)] * 3 + [transfer])
-    h = choose_inner_steps(target, transfer, 0.1, 1, 120)
-    adapted.gossip_round([h, h], steps, [(0, 1)], net)
-    assert h < 30
-    assert adapted.wall_clock_s < fixed.wall_clock_s
+def test_fill_is_bounded_by_its_room_and_its_deadline() -> None:
+    assert fill_steps(FillWait(room=4, until=1e9), 0.0, 0.1, [10.0]) == 4
+    assert fill_steps(FillWait(room=100, until=0.55), 0.0, 0.1, [10.0]) == 6
+
+
+def test_an_exchange_starts_when_both_sides_opened() -> None:
+    edge = time_edge(0, 1, (1.0, 3.0), (10.0, 10.0), 2.0)
+    assert edge.outcome == OK and edge.moved
+    assert (edge.start_s, edge.end_a_s, edge.end_b_s) == (3.0, 5.0, 5.0)
+
+
+def test_an_exchange_past_the_earlier_sides_deadline_fails_for_both() -> None:
+    # a opened at 1 with a 10 s deadline: gives up at 11; b opened at 3; 9 s transfer ends at 12
+    edge = time_edge(0, 1, (1.0, 3.0), (10.0, 10.0), 9.0)
+    assert edge.outcome == DEADLINE and not edge.moved
+    assert (edge.end_a_s, edge.end_b_s) == (11.0, 11.0)
+    late = time_edge(0, 1, (1.0, 20.0), (10.0, 10.0), 1.0)  # b opens after a gave up
+    assert late.outcome == DEADLINE and (late.end_a_s, late.end_b_s) == (11.0, 20.0)
+    broken = time_edge(0, 1, (1.0, 3.0), (10.0, 10.0), 2.0, broken=True)
+    assert broken.outcome == FAULT and (broken.end_a_s, broken.end_b_s) == (3.0, 3.0)
+
+
+def test_accounting_splits_a_round_into_compute_comm_idle_and_pace() -> None:
+    clock = SimClock(2)
+    # worker 0: 4 s of steps (filling included), 5 s exchange phase of which 1 s its own bytes
+    clock.finish_round(0, compute_s=4.0, exchange_s=5.0, own_traffic_s=1.0)
+    # worker 1 sat out: 2 s of steps, then paced 3 s to make the round last T
+    clock.finish_round(1, compute_s=2.0, exchange_s=0.0, own_traffic_s=0.0, pause_s=3.0)
+    assert clock.now_s == [9.0, 5.0]
+    assert clock.idle_s == [4.0, 0.0]  # pacing is not idle
+    assert clock.pace_s == [0.0, 3.0]
+    assert clock.compute_fraction_per_worker() == pytest.approx([4 / 9, 2 / 5])
+    assert clock.idle_fraction() == pytest.approx(4 / 14)
+    assert clock.wall_clock_s == 9.0
+    with pytest.raises(ValueError, match="negative"):
+        clock.finish_round(0, compute_s=-1.0, exchange_s=0.0, own_traffic_s=0.0)

@@ -1,6 +1,7 @@
 """The paper bench (bench/paper.py) and what it added to the simulator: a clock replay that
-re-times a finished run on another network, evaluation that skips identical replicas, and
-an end-to-end micro grid that must produce every table, finding and plot."""
+re-times a finished run on another network when that is exact (and refuses otherwise),
+evaluation that skips identical replicas, and an end-to-end micro grid that must produce
+every table, finding and plot."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import pytest
 import torch
 
 from gaslocd.config import AlgoConfig, SimConfig, Straggler, TrainConfig
-from gaslocd.sim.replay import replay_clock
-from gaslocd.sim.runner import Simulation
+from gaslocd.sim.clock import SimClock
+from gaslocd.sim.replay import ClockPoint, ReplayRefused, replay_clock
+from gaslocd.sim.runner import SimResult, Simulation
 from gaslocd.train.data import Corpus, load_corpus
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -26,7 +28,6 @@ import paper  # noqa: E402
 from paperlib import execute  # noqa: E402
 from paperlib.analysis import time_to_target  # noqa: E402
 from paperlib.grid import QUICK, Budget  # noqa: E402
-from paperlib.policy import DeadlineSimulation  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +58,12 @@ def _straggler_net(workers: int, rounds: int, fraction: float = 0.1) -> SimConfi
     )
 
 
+def _replay(
+    algo: AlgoConfig, net: SimConfig, result: SimResult
+) -> tuple[list[ClockPoint], SimClock]:
+    return replay_clock(algo, net, result.run_id, [r.digest for r in result.records])
+
+
 @pytest.mark.parametrize(
     ("topology", "adapt_h"), [("1peer", True), ("2peer", False), ("complete", False)]
 )
@@ -66,20 +73,40 @@ def test_replay_reproduces_the_clock_of_the_run(
     net = _straggler_net(4, 3)
     algo = AlgoConfig(topology=topology, inner_steps=10, adapt_h=adapt_h)
     result = Simulation(algo, FAST, net, corpus=corpus).run()
-    steps = [list(r.inner_steps) for r in result.records]
-    points, clock = replay_clock(topology, FAST.seed, net, steps)
-    assert [p.wall_clock_s for p in points] == pytest.approx(
-        [r.wall_clock_s for r in result.records], rel=1e-12
-    )
-    assert [p.idle_fraction for p in points] == pytest.approx(
-        [r.idle_fraction for r in result.records], rel=1e-12, abs=1e-15
-    )
-    assert clock.idle_fraction_per_worker() == pytest.approx(result.idle_fraction_per_worker)
+    points, clock = _replay(algo, net, result)
+    assert [p.wall_clock_s for p in points] == [r.wall_clock_s for r in result.records]
+    assert [p.idle_fraction for p in points] == [r.idle_fraction for r in result.records]
+    assert clock.idle_fraction_per_worker() == result.idle_fraction_per_worker
+
+
+def test_diloco_re_times_exactly_onto_a_straggler_network(corpus: Corpus) -> None:
+    algo = AlgoConfig(algo="diloco", topology="complete", inner_steps=10)
+    slow = _straggler_net(4, 3)
+    even = replace(slow, stragglers=())
+    there = Simulation(algo, FAST, slow, corpus=corpus).run()
+    here = Simulation(algo, FAST, even, corpus=corpus).run()
+    assert [r.val_loss for r in here.records] == [r.val_loss for r in there.records]
+    points, _ = _replay(algo, slow, here)
+    assert [p.wall_clock_s for p in points] == [r.wall_clock_s for r in there.records]
+
+
+def test_replay_refuses_a_run_whose_rounds_would_differ_on_that_network(corpus: Corpus) -> None:
+    slow = _straggler_net(4, 3)
+    even = replace(slow, stragglers=())
+    adaptive = AlgoConfig(topology="1peer", inner_steps=10, adapt_h=True)
+    result = Simulation(adaptive, FAST, slow, corpus=corpus).run()
+    with pytest.raises(ReplayRefused, match="round 2 would differ"):
+        _replay(adaptive, even, result)  # H adapted to the straggler, and the wait was filled
+    fixed = AlgoConfig(topology="2peer", inner_steps=10)
+    result = Simulation(fixed, FAST, even, corpus=corpus).run()
+    hopeless = replace(slow, stragglers=(Straggler(0, 0.01),))  # 2 × 20 MB at 125 kB/s
+    with pytest.raises(ReplayRefused, match="deadline"):
+        _replay(fixed, hopeless, result)
 
 
 def test_replay_needs_a_step_time_and_a_message_size() -> None:
     with pytest.raises(ValueError, match="step_time_s and message_bytes"):
-        replay_clock("1peer", 0, SimConfig(workers=2, rounds=1), [[1, 1]])
+        replay_clock(AlgoConfig(), SimConfig(workers=2, rounds=1), "r", ["x"])
 
 
 @pytest.mark.parametrize("topology", ["complete", "1peer"])
@@ -93,17 +120,6 @@ def test_evaluate_equals_the_mean_of_every_workers_own_loss(corpus: Corpus, topo
     assert sim.evaluate() == statistics.fmean(each)
     distinct = {tuple(w.flat.flat[:5].tolist()) for w in sim.workers}
     assert len(distinct) == (1 if topology == "complete" else 3)
-
-
-def test_deadline_h_fills_the_wait_for_a_late_partner_with_steps(corpus: Corpus) -> None:
-    net = _straggler_net(4, 4)
-    algo = AlgoConfig(topology="1peer", inner_steps=10, adapt_h=True)
-    design = Simulation(algo, FAST, net, corpus=corpus).run()
-    deadline = DeadlineSimulation(algo, FAST, net, corpus=corpus).run()
-    # The straggler's 16 s transfer exceeds T = 10 × 0.5 + 1.6 s: both rules give it H_min.
-    assert all(r.inner_steps[0] == 1 for r in design.records + deadline.records)
-    assert deadline.idle_fraction < design.idle_fraction
-    assert max(max(r.inner_steps) for r in deadline.records) > 10  # waits became steps
 
 
 def test_time_to_target_interpolates_between_validation_points() -> None:

@@ -145,8 +145,16 @@ def test_cli_prints_a_line_per_round_and_writes_the_json_summary(tmp_path: Path)
         "bytes_sent_per_worker",
         "idle_fraction",
         "args",
+        "run_id",
+        "rounds",
+        "compute_fraction_per_worker",
     ):
         assert key in summary
+    # pairings come from the run id: --run-id if given, else the seed's "sim-<seed>"
+    assert summary["run_id"] == (summary["args"].get("run_id") or "sim-0")
+    first = summary["rounds"][0]
+    assert {"mixing_matrix", "edges", "inner_steps", "filled_steps"} <= first.keys()
+    assert len(first["mixing_matrix"]) == 3 and len(first["filled_steps"]) == 3
     assert summary["val_loss_curve"][0]["round"] == 0
     assert {"round", "wall_clock_s", "val_loss"} <= summary["val_loss_curve"][-1].keys()
     assert len(summary["bytes_sent_per_worker"]) == 3

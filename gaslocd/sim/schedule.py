@@ -1,0 +1,346 @@
+"""The daemon's round for N simulated peers: the protocol decides, the clock keeps time.
+
+Each simulated peer has what a daemon has (:mod:`gaslocd.daemon.runtime`): its own
+:class:`~gaslocd.protocol.plan.LinkEstimates` and
+:class:`~gaslocd.protocol.policy.RoundPolicy`, and a
+:class:`~gaslocd.protocol.records.PeerRecord` it publishes at the end of each round.
+Every decision of a round (roster → partners → H → deadline, filling the wait, which
+exchanges count, the row of W, resync, a solo round's length) is the protocol's, called
+with the simulated clock's ``now``; this module supplies the times.
+
+None of it depends on the models: H comes from measured step times and transfers, the
+fill from Ready notices, failures from deadlines and faults. So a round is three calls,
+:meth:`Schedule.begin` (plan, compute, fill), :meth:`Schedule.exchange` (edges or the
+all-reduce on the clock) and :meth:`Schedule.settle` (what counted, W, resync, pauses,
+records); the runner trains and mixes in between, a replay does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from gaslocd import __version__
+from gaslocd.config import AlgoConfig, DaemonConfig, SimConfig
+from gaslocd.protocol.plan import LinkEstimates, RoundSetup, plan_this_round
+from gaslocd.protocol.policy import RoundPolicy, counted_exchanges, mixing_row, resync_sources
+from gaslocd.protocol.records import PeerRecord
+from gaslocd.sim.clock import FAULT, EdgeTiming, NetworkModel, SimClock, fill_steps, time_edge
+
+ExchangeOk = Callable[[int, str, str], bool]
+"""(round, a, b) → False when the a–b exchange breaks (an edge fault), for both ends."""
+
+
+def worker_roster(workers: int) -> list[str]:
+    """The simulated peers' ids, sorted as the roster is."""
+    return [f"w{k:03d}" for k in range(workers)]
+
+
+def network_model(sim: SimConfig, encoded_message_bytes: int) -> NetworkModel:
+    """The clock's network for ``sim``: its own message size if set, else the encoded model."""
+    return NetworkModel(
+        tuple(sim.bandwidth_bytes_per_s(k) for k in range(sim.workers)),
+        sim.latency_ms / 1000,
+        sim.message_bytes or encoded_message_bytes,
+    )
+
+
+def round_digest(
+    inner_steps: Sequence[int], filled_steps: Sequence[int], mixing: Sequence[Sequence[float]]
+) -> str:
+    """What determines a round's math, hashed: H and filled steps per worker, and W.
+
+    Two runs of the same seed whose rounds all have equal digests trained the same models,
+    whatever their clocks said: :mod:`gaslocd.sim.replay` relies on it.
+    """
+    text = json.dumps([list(inner_steps), list(filled_steps), [list(r) for r in mixing]])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class SimPeer:
+    """One simulated daemon's protocol state (its model lives in the runner)."""
+
+    peer_id: str
+    step_time_s: float
+    links: LinkEstimates
+    policy: RoundPolicy
+
+
+@dataclass
+class RoundState:
+    """One round as it unfolds; the schedule fills it in phase by phase."""
+
+    round: int
+    setups: list[RoundSetup]
+    records: list[PeerRecord]  # the roster as published at the end of round t−1
+    arrived_s: list[float]  # when each peer ended round t−1
+    start_s: list[float]  # when it started round t (later if it paced)
+    planned: list[int]
+    filled: list[int]
+    opened_s: list[float]  # when each peer opened its exchanges (its steps all done)
+    edges: list[EdgeTiming] = field(default_factory=list)
+    group: tuple[int, ...] | None = None  # all-reduce members; None: gossip
+    exchange_end_s: list[float] = field(default_factory=list)
+    refused: set[tuple[int, int]] = field(default_factory=set)  # (receiver, sender)
+    counted: list[set[str]] = field(default_factory=list)
+    rows: list[dict[str, float]] = field(default_factory=list)
+    resyncs: list[tuple[int, int]] = field(default_factory=list)  # (peer, its source)
+    failures: dict[str, int] = field(default_factory=dict)  # reason -> failed edges
+
+    @property
+    def roster(self) -> tuple[str, ...]:
+        plan = self.setups[0].plan
+        assert plan is not None  # every simulated peer is in the roster from round 0
+        return plan.roster
+
+    def planned_edges(self) -> list[tuple[str, str]]:
+        plan = self.setups[0].plan
+        assert plan is not None
+        return plan.edges()
+
+    def mixing_matrix(self) -> list[list[float]]:
+        """W as applied, n×n over the sorted roster (rows: after failed exchanges)."""
+        ids = self.roster
+        return [[row.get(q, 0.0) for q in ids] for row in self.rows]
+
+    def digest(self) -> str:
+        return round_digest(self.planned, self.filled, self.mixing_matrix())
+
+
+class Schedule:
+    """N peers' rounds on one simulated clock, decided by :mod:`gaslocd.protocol`."""
+
+    def __init__(
+        self,
+        algo: AlgoConfig,
+        sim: SimConfig,
+        run_id: str,
+        message_bytes: int,
+        step_times_s: Sequence[float],
+        fingerprint: str,
+    ) -> None:
+        self.algo, self.run_id, self.message_bytes = algo, run_id, message_bytes
+        self.net = network_model(sim, message_bytes)
+        self.clock = SimClock(sim.workers)
+        ttl = DaemonConfig().record_ttl_s
+        ids = worker_roster(sim.workers)
+        self.peers = [
+            SimPeer(p, s, LinkEstimates(), RoundPolicy(p, ttl, algo.h_upper))
+            for p, s in zip(ids, step_times_s, strict=True)
+        ]
+        self.index = {p: k for k, p in enumerate(ids)}
+        self.fingerprint = fingerprint
+        self.records = [self._record(k, 0, algo.inner_steps) for k in range(sim.workers)]
+        self.allreduce = algo.topology == "complete"  # DiLoCo: how anyone runs J/n
+        self.fills = algo.adapt_h and algo.algo != "diloco" and not self.allreduce
+        self._older_ends = [0.0] * sim.workers  # when each peer ended round t−2
+        self.pace_timeouts = 0
+
+    def _record(self, k: int, round_: int, inner_steps: int) -> PeerRecord:
+        """What peer k publishes (as a daemon's ``Membership.record``)."""
+        peer = self.peers[k]
+        return PeerRecord(
+            peer_id=peer.peer_id,
+            address=f"{peer.peer_id}:1",
+            fingerprint=self.fingerprint,
+            round=round_,
+            inner_steps=max(1, inner_steps),
+            step_time_s=float(peer.links.step_time_s or 0.0),
+            bandwidth_bytes_per_s=float(peer.links.own_bandwidth()),
+            version=__version__,
+        )
+
+    # -- phase 1: plan, train, fill ---------------------------------------------------------
+
+    def _view(self, t: int, now: float) -> list[PeerRecord]:
+        """The roster as a DHT shows it at ``now``: the records published at the end of
+        round t−1, each with the round its peer had reached by ``now``."""
+        ends, older = self.clock.now_s, self._older_ends
+        return [
+            replace(r, round=t if ends[k] <= now else t - 1 if older[k] <= now else max(0, t - 2))
+            for k, r in enumerate(self.records)
+        ]
+
+    def _start(self, k: int, t: int) -> tuple[float, RoundSetup]:
+        """Peer k's start of round t, as ``driver.run_round``: roster, catch-up, pacing, plan.
+
+        Pacing is the protocol's: while an active peer is more than a round behind (it
+        has not ended round t−2), wait for it, at most ``pace_until``. Catch-up cannot fire
+        here: rounds are simulated in lockstep, so no view shows a peer past round t, and
+        pacing keeps the others from getting two rounds ahead of anyone, unless a pace
+        wait times out (counted in ``pace_timeouts``; the daemon would then run ahead).
+        """
+        peer, now = self.peers[k], self.clock.now_s[k]
+        view = self._view(t, now)
+        peer.policy.observe_roster(now, view)
+        if peer.policy.catch_up(t, view) != t:
+            raise RuntimeError(f"round {t}: {peer.peer_id} would catch up in lockstep")
+        start = now
+        behind = peer.policy.behind(t, view)
+        if behind:
+            until = peer.policy.pace_until(now, None)
+            start = max(self._older_ends[self.index[r.peer_id]] for r in behind)
+            if start > until:
+                self.pace_timeouts += 1
+                start = until
+            view = self._view(t, start)
+        setup = plan_this_round(
+            self.algo, self.run_id, peer.peer_id, t, view, peer.links, self.message_bytes, None
+        )
+        return start, setup
+
+    def begin(self, t: int) -> RoundState:
+        """Start round ``t`` on every peer (pace, plan), and time its steps and filled wait."""
+        records = list(self.records)
+        arrived = list(self.clock.now_s)
+        started = [self._start(k, t) for k in range(len(self.peers))]
+        start = [s for s, _ in started]
+        setups = [setup for _, setup in started]
+        first = setups[0]
+        for setup in setups[1:]:
+            if setup.plan != first.plan or setup.digest != first.digest:
+                raise RuntimeError(f"round {t}: peers planned different pairings")
+        planned = [s.inner_steps for s in setups]
+        ready = [s + h * p.step_time_s for s, h, p in zip(start, planned, self.peers, strict=True)]
+        for peer in self.peers:
+            peer.links.record_step_time(peer.step_time_s)
+        filled = [self._fill(k, setups[k], ready) for k in range(len(self.peers))]
+        opened = [ready[k] + filled[k] * p.step_time_s for k, p in enumerate(self.peers)]
+        state = RoundState(t, setups, records, arrived, start, planned, filled, opened)
+        state.group = () if self.allreduce else None  # the runner offers Δ, not θ̃
+        return state
+
+    def _fill(self, k: int, setup: RoundSetup, ready: list[float]) -> int:
+        """Steps peer k trains after its planned H until its partners said Ready."""
+        if not self.fills or not setup.partners:
+            return 0
+        peer = self.peers[k]
+        fill = peer.policy.fill_wait(setup, setup.inner_steps, ready[k])
+        notices = [ready[self.index[p]] + self.net.latency_s for p in setup.partners]
+        return fill_steps(fill, ready[k], peer.step_time_s, notices)
+
+    # -- phase 2: the exchange ---------------------------------------------------------------
+
+    def exchange(self, state: RoundState, exchange_ok: ExchangeOk) -> None:
+        """Time the round's exchanges (or its all-reduce); ``exchange_ok`` breaks edges."""
+        if self.allreduce:
+            self._allreduce(state, exchange_ok)
+            return
+        plan = state.setups[0].plan
+        assert plan is not None
+        ends = list(state.opened_s)
+        for a, b in plan.edges():
+            i, j = self.index[a], self.index[b]
+            transfer = self.net.edge_transfer_s(i, j, plan.degree(a), plan.degree(b))
+            opened = (state.opened_s[i], state.opened_s[j])
+            deadlines = (state.setups[i].deadline_s, state.setups[j].deadline_s)
+            edge = time_edge(i, j, opened, deadlines, transfer)
+            if edge.moved and not exchange_ok(state.round, a, b):
+                edge = time_edge(i, j, opened, deadlines, transfer, broken=True)
+            state.edges.append(edge)
+            ends[i], ends[j] = max(ends[i], edge.end_a_s), max(ends[j], edge.end_b_s)
+            if not edge.moved:
+                state.failures[edge.outcome] = state.failures.get(edge.outcome, 0) + 1
+        state.exchange_end_s = ends
+
+    def _allreduce(self, state: RoundState, exchange_ok: ExchangeOk) -> None:
+        """A barrier: the members start together when the last is ready. A peer with a
+        broken edge is out of this round's group and steps on its own pseudo-gradient."""
+        ids = state.roster
+        out: set[int] = set()
+        for a, b in state.planned_edges():
+            if not exchange_ok(state.round, a, b):
+                out |= {self.index[a], self.index[b]}
+                state.failures[FAULT] = state.failures.get(FAULT, 0) + 1
+        members = tuple(k for k in range(len(ids)) if k not in out)
+        group = members if len(members) > 1 else ()
+        state.group = group
+        ends = list(state.opened_s)
+        if group:
+            end = max(state.opened_s[k] for k in group) + self.net.allreduce_s(group)
+            for k in group:
+                ends[k] = end
+        state.exchange_end_s = ends
+
+    # -- phase 3: what counted, W, resync, pauses, records ---------------------------------
+
+    def settle(self, state: RoundState) -> None:
+        """Close round ``state.round`` on every peer. ``state.refused`` holds the θ̃ the
+        runner found beyond the wire's norm bound (a replay has none)."""
+        traffic = self._count(state)
+        t = state.round
+        self._older_ends = list(self.clock.now_s)
+        for k, peer in enumerate(self.peers):
+            setup, me = state.setups[k], peer.peer_id
+            fetch = 0.0
+            if peer.policy.should_resync(setup, len(state.counted[k])):
+                sources = resync_sources(state.records, me)
+                if sources:
+                    source = self.index[sources[0].peer_id]
+                    state.resyncs.append((k, source))
+                    fetch = self.net.state_fetch_s(k, source)
+            done = state.exchange_end_s[k] + fetch
+            pause = peer.policy.solo_wait_s(setup, done - state.start_s[k], done)
+            self.clock.finish_round(
+                k,
+                compute_s=state.opened_s[k] - state.start_s[k],
+                exchange_s=state.exchange_end_s[k] - state.opened_s[k],
+                own_traffic_s=traffic[k],
+                fetch_s=fetch,
+                pause_s=pause + state.start_s[k] - state.arrived_s[k],  # solo pause, pacing
+            )
+        self.records = [
+            self._record(k, t + 1, state.planned[k] + state.filled[k])
+            for k in range(len(self.peers))
+        ]
+
+    def _count(self, state: RoundState) -> list[float]:
+        """Which exchanges count and each peer's row of W; returns each peer's own-traffic
+        time. Measured transfers feed the peers' link estimates, as in the daemon."""
+        if state.group is not None:
+            return self._count_allreduce(state, state.group)
+        n = len(self.peers)
+        ids = state.roster
+        received: list[set[str]] = [set() for _ in range(n)]
+        refused_ours: list[set[str]] = [set() for _ in range(n)]
+        moved = [0] * n
+        for e in (e for e in state.edges if e.moved):
+            moved[e.a] += 1
+            moved[e.b] += 1
+            for me, other in ((e.a, e.b), (e.b, e.a)):
+                if (me, other) not in state.refused:
+                    received[me].add(ids[other])
+                if (other, me) in state.refused:
+                    refused_ours[me].add(ids[other])
+        one_sided = sum(1 for e in state.edges if e.moved and self._refused(state, e))
+        if one_sided:
+            state.failures["refused"] = one_sided
+        transfer = {(e.a, e.b): e.transfer_s for e in state.edges}
+        for k, peer in enumerate(self.peers):
+            counted = counted_exchanges(received[k], refused_ours[k])
+            state.counted.append(counted)
+            state.rows.append(mixing_row(state.setups[k], peer.peer_id, counted))
+            for q in sorted(counted):
+                j = self.index[q]
+                seconds = transfer[(min(k, j), max(k, j))]
+                peer.links.record_transfer(q, seconds, self.message_bytes)
+        return [self.net.own_transfer_s(k, moved[k]) for k in range(n)]
+
+    def _count_allreduce(self, state: RoundState, group: tuple[int, ...]) -> list[float]:
+        """The group's members mix Δ with weight 1/|group| each; the others alone."""
+        ids = state.roster
+        share = 1.0 / len(group) if group else 1.0
+        traffic = []
+        for k in range(len(self.peers)):
+            member = k in group
+            state.counted.append({ids[j] for j in group if j != k} if member else set())
+            state.rows.append({ids[j]: share for j in group} if member else {ids[k]: 1.0})
+            traffic.append(self.net.own_allreduce_s(k, len(group)) if member else 0.0)
+        return traffic
+
+    @staticmethod
+    def _refused(state: RoundState, e: EdgeTiming) -> bool:
+        return (e.a, e.b) in state.refused or (e.b, e.a) in state.refused
