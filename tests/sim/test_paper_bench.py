@@ -13,13 +13,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 
 from gaslocd.config import AlgoConfig, SimConfig, Straggler, TrainConfig
 from gaslocd.sim.clock import SimClock
 from gaslocd.sim.replay import ClockPoint, ReplayRefused, replay_clock
 from gaslocd.sim.runner import SimResult, Simulation
-from gaslocd.train.data import Corpus, load_corpus
+from gaslocd.train.data import Corpus
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -33,16 +32,6 @@ pytestmark = pytest.mark.slow
 
 FAST = TrainConfig(seq_len=16, batch_size=2, inner_lr=3e-3, warmup_steps=1, eval_batches=1, seed=3)
 MB = 1_000_000
-
-
-@pytest.fixture(scope="module")
-def corpus() -> Corpus:
-    return load_corpus(None, max_bytes=2 * 2**20)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
 
 
 def _straggler_net(workers: int, rounds: int, fraction: float = 0.1) -> SimConfig:

@@ -15,22 +15,12 @@ from gaslocd.config import AlgoConfig, SimConfig, Straggler, TrainConfig
 from gaslocd.net.memory import fail_at
 from gaslocd.sim.runner import SimResult, Simulation
 from gaslocd.sim.summary import simulation_summary
-from gaslocd.train.data import Corpus, load_corpus
+from gaslocd.train.data import Corpus
 
 pytestmark = pytest.mark.slow
 
 FAST = TrainConfig(seq_len=16, batch_size=2, inner_lr=3e-3, warmup_steps=1, eval_batches=1, seed=2)
 MB = 1_000_000
-
-
-@pytest.fixture(scope="module")
-def corpus() -> Corpus:
-    return load_corpus(None, max_bytes=2 * 2**20)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
 
 
 def _net(workers: int, rounds: int, **kw: Any) -> SimConfig:

@@ -10,26 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from gaslocd.config import AlgoConfig, OuterConfig, SimConfig, Straggler, TrainConfig
 from gaslocd.net.memory import fail_at
 from gaslocd.sim.runner import Simulation
-from gaslocd.train.data import Corpus, load_corpus
+from gaslocd.train.data import Corpus
 
 pytestmark = pytest.mark.slow
 
 FAST = TrainConfig(seq_len=32, batch_size=4, inner_lr=3e-3, warmup_steps=2, eval_batches=2, seed=1)
-
-
-@pytest.fixture(scope="module")
-def corpus() -> Corpus:
-    return load_corpus(None, max_bytes=2 * 2**20)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
 
 
 def test_a_short_tiny_run_lowers_the_validation_loss(corpus: Corpus) -> None:
