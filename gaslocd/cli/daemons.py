@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import signal
 import sys
 from typing import Any
 
@@ -18,6 +20,20 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _exit_on_signal(status: int) -> None:
+    """Outside :meth:`Daemon.run` (which installs its own), a signal ends the process now.
+
+    Before the run nothing is trained yet; after it the checkpoint is written or abandoned
+    already, so there is nothing left to save, and the default action would exit -15."""
+
+    def leave(_signum: int, _frame: object) -> None:
+        sys.stdout.flush()
+        os._exit(status)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, leave)
 
 
 def run_daemon(command: str, resolved: dict[str, Any]) -> int:
@@ -38,7 +54,9 @@ def run_daemon(command: str, resolved: dict[str, Any]) -> int:
 
     # Imported here: the daemon pulls in grpc and hivemind, which --help and simulate
     # never need.
-    from gaslocd.daemon.lifecycle import EXIT_STARTUP, Daemon, StartupError
+    from gaslocd.daemon.lifecycle import EXIT_OK, EXIT_STARTUP, Daemon, StartupError
+
+    _exit_on_signal(EXIT_OK)
 
     torch.set_num_threads(resolved["threads"])
     daemon = Daemon(*configs, role=command, progress=lambda line: print(line, flush=True))

@@ -82,6 +82,7 @@ class Daemon:
         self._signals = 0
         self._force = asyncio.Event()
         self._shutting_down = False
+        self._late_signal = False
         self._main: asyncio.Task[Any] | None = None
         self.rt: Runtime | None = None
 
@@ -139,10 +140,28 @@ class Daemon:
             self.telemetry = Telemetry(self.metrics, RunLog(self.me), self.stats)
             return uvloop.run(self._main_coroutine())
         finally:
+            self._stop_children()
             _restore_handlers(previous)
+
+    def _stop_children(self) -> None:
+        """Stop the averager and DHT processes; a signal meanwhile makes it a kill.
+
+        The event loop's handlers are gone by now, so without this a signal in the few
+        seconds a graceful child stop can take would kill the daemon with the default
+        action instead of exiting 0."""
+        _set_handlers(_hurry)
+        try:
+            if self._late_signal:
+                raise _Hurry
             if self.allreduce is not None:
                 self.allreduce.shutdown()
             self.discovery.shutdown()
+        except _Hurry:
+            log.warning("signal while stopping the DHT: killing it")
+            _set_handlers(signal.SIG_IGN)
+            if self.allreduce is not None:
+                self.allreduce.shutdown(quick=True)
+            self.discovery.shutdown(quick=True)
 
     def _build_runtime(self) -> Runtime:
         server = ExchangeServer(
@@ -196,8 +215,11 @@ class Daemon:
             return EXIT_OK
         finally:
             await self._shutdown(started)
-            for sig in _SIGNALS:
-                loop.remove_signal_handler(sig)
+            # Straight from the loop's handler to one that only takes note, never through
+            # the default action (remove_signal_handler installs SIG_DFL: a signal then
+            # kills with -15), and never raising inside the closing loop, which breaks it.
+            # The loop finds its entries already replaced when it closes and leaves them.
+            _set_handlers(self._note_late_signal)
 
     def _on_signal(self) -> None:
         self._signals += 1
@@ -213,6 +235,9 @@ class Daemon:
         self._force.set()  # abandons the final checkpoint, if that is what runs
         if not self._shutting_down and self._main is not None and not self._main.done():
             self._main.cancel()
+
+    def _note_late_signal(self, _signum: int, _frame: FrameType | None) -> None:
+        self._late_signal = True
 
     # -- startup -------------------------------------------------------------------------
 
@@ -366,6 +391,20 @@ class Daemon:
             "algo": asdict(self.algo),
             "train": asdict(self.train),
         }
+
+
+class _Hurry(Exception):
+    """A signal after the event loop's handlers are gone: finish stopping, quickly."""
+
+
+def _hurry(_signum: int, _frame: FrameType | None) -> None:
+    raise _Hurry
+
+
+def _set_handlers(handler: _Handler) -> None:
+    for sig in _SIGNALS:
+        with contextlib.suppress(ValueError):  # not the main thread: the embedder's choice
+            signal.signal(sig, handler)
 
 
 def _restore_handlers(previous: dict[signal.Signals, _Handler]) -> None:

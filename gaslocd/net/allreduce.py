@@ -240,11 +240,11 @@ class HivemindAllReduce:
         """The latest step's stage, e.g. LOOKING_FOR_GROUP or RUNNING_ALLREDUCE (for status)."""
         return "IDLE" if self._pending is None else str(self._pending.stage.name)
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, quick: bool = False) -> None:
         """Stop the averager process (idempotent); the DHT is the caller's to stop."""
         averager, self._averager = self._averager, None
         if averager is not None:
-            stop_process(averager)
+            stop_process(averager, quick=quick)
 
     async def average(
         self, round: int, tensor: torch.Tensor, *, timeout_s: float

@@ -144,9 +144,9 @@ def scratch_event_loop() -> Iterator[None]:
         yield
 
 
-def stop_process(process: Any) -> None:
-    """Ask a hivemind child process to stop, kill it if it does not, and reap it."""
-    if process.is_alive():
+def stop_process(process: Any, *, quick: bool = False) -> None:
+    """Ask a hivemind child process to stop (``quick``: kill at once), then reap it."""
+    if process.is_alive() and not quick:
         process.shutdown()  # asks, then waits up to its shutdown_timeout
     if process.is_alive():
         process.kill()
@@ -266,11 +266,11 @@ class Discovery:
             )
         return f"could not start the DHT node on {self._host_maddrs[0]}: {reason}"
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, quick: bool = False) -> None:
         """Stop the DHT process (idempotent). Call :meth:`withdraw` first on a graceful exit."""
         dht, self._dht = self._dht, None
         if dht is not None:
-            stop_process(dht)
+            stop_process(dht, quick=quick)
 
     def __enter__(self) -> Discovery:
         self.start()
