@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-from gaslocd.sim.summary import SCHEMA_VERSION, write_json
+from gaslocd.protocol.account import ACTIVITIES
+from gaslocd.sim.summary import RunSummary, write_json
 
 STARTUP_TIMEOUT_S = 180.0
 STOP_GRACE_S = 30.0
@@ -187,47 +188,48 @@ def run_demo(
         fleet.join_relays()
     summaries = [_read(workdir / f"w{k}.json") for k in range(workers)]
     recorded = {"workers": workers, "rounds": rounds, **(args or {}), "daemons": fleet.argvs}
-    summary = aggregate(summaries, began, recorded)
+    summary = aggregate(summaries, began, recorded, run_id)
     ok = all(code == 0 for code in codes) and all(s is not None for s in summaries)
-    final = summary["final_val_loss"]
+    final = summary.final_val_loss
     print(
         f"demo: {'done' if ok else 'FAILED'} in {time.time() - began:.1f}s; exit codes {codes}; "
         f"mean final val loss {final if final is None else round(final, 4)}, "
-        f"idle {100 * summary['idle_fraction']:.1f}%",
+        f"idle {100 * summary.idle_fraction:.1f}%",
         flush=True,
     )
     if json_path is not None:
-        write_json(json_path, summary)
+        write_json(json_path, summary.to_json())
         print(f"summary written to {json_path}", flush=True)
     if tmp is not None:
         tmp.cleanup()
     return 0 if ok else 1
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def _read(path: Path) -> RunSummary | None:
+    """A daemon's summary, or None when it wrote none (it failed) or not a whole one."""
     import json
 
     try:
-        return dict(json.loads(path.read_text()))
+        return RunSummary.from_json(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None
 
 
 def aggregate(
-    summaries: Sequence[dict[str, Any] | None], began: float, args: dict[str, Any]
-) -> dict[str, Any]:
-    """Per-daemon summaries → the simulate schema: curves averaged over daemons per round,
-    wall-clock from the demo's start, bytes per daemon, idle over all daemons' time."""
+    summaries: Sequence[RunSummary | None], began: float, args: dict[str, Any], run_id: str = ""
+) -> RunSummary:
+    """Per-daemon summaries → one: curves averaged over daemons per round, wall-clock from
+    the demo's start, bytes per daemon, the time accounts added up."""
     runs = [s for s in summaries if s is not None]
     val_by_round: dict[int, list[tuple[float, float]]] = {}
     cons_by_round: dict[int, list[float]] = {}
     for s in runs:
-        for point in s.get("val_loss_curve", []):
+        for point in s.val_loss_curve:
             if point.get("val_loss") is not None:
                 val_by_round.setdefault(point["round"], []).append(
                     (point["unix_time"] - began, point["val_loss"])
                 )
-        for point in s.get("consensus_curve", []):
+        for point in s.consensus_curve:
             cons_by_round.setdefault(point["round"], []).append(point["consensus"])
     # Rounds every daemon evaluated (one that caught up may have skipped a round number).
     complete = sorted(r for r, pts in val_by_round.items() if len(pts) == len(runs))
@@ -239,22 +241,25 @@ def aggregate(
         }
         for r in complete
     ]
-    finals = [s["final_val_loss"] for s in runs if s.get("final_val_loss") is not None]
-    elapsed = sum(s.get("wall_clock_s", 0.0) for s in runs)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "demo",
-        "final_val_loss": statistics.fmean(finals) if finals else None,
-        "final_val_loss_per_worker": finals,
-        "val_loss_curve": val_curve,
-        "consensus_curve": [
+    finals = [s.final_val_loss for s in runs if s.final_val_loss is not None]
+    time_total = {a: sum(s.time.get(a, 0.0) for s in runs) for a in ACTIVITIES}
+    return RunSummary(
+        kind="demo",
+        wall_clock_kind="real",
+        run_id=run_id,
+        final_val_loss=statistics.fmean(finals) if finals else None,
+        val_loss_curve=val_curve,
+        consensus_curve=[
             {"round": r, "consensus": statistics.fmean(v)} for r, v in sorted(cons_by_round.items())
         ],
-        "wall_clock_s": max((p["wall_clock_s"] for p in val_curve), default=0.0),
-        "wall_clock_kind": "real",
-        "bytes_sent_per_worker": [s.get("bytes_sent_per_worker", [0])[0] for s in runs],
-        "idle_fraction": sum(s.get("idle_s", 0.0) for s in runs) / elapsed if elapsed > 0 else 0.0,
-        "idle_fraction_per_worker": [s.get("idle_fraction", 0.0) for s in runs],
-        "workers_reporting": len(runs),
-        "args": args,
-    }
+        train_loss_curve=[],
+        wall_clock_s=max((p["wall_clock_s"] for p in val_curve), default=0.0),
+        bytes_sent_per_worker=[s.bytes_sent_per_worker[0] for s in runs],
+        time=time_total,
+        args=args,
+        extra={
+            "final_val_loss_per_worker": finals,
+            "idle_fraction_per_worker": [s.idle_fraction for s in runs],
+            "workers_reporting": len(runs),
+        },
+    )

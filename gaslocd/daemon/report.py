@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gaslocd.net.validation import WireStats
 from gaslocd.protocol.account import TimeAccount
-from gaslocd.sim.summary import SCHEMA_VERSION, plain_json, write_json
+from gaslocd.sim.summary import RunSummary, write_json
 
 if TYPE_CHECKING:  # telemetry imports this module
     from gaslocd.daemon.telemetry import RoundOutcome
@@ -100,15 +100,13 @@ class RunLog:
             f"refused messages {sum(stats.rejected.values())}"
         )
 
-    def summary(self, args: dict[str, Any], stats: WireStats) -> dict[str, Any]:
+    def summary(self, args: dict[str, Any], stats: WireStats) -> RunSummary:
         vals = [r for r in self.rounds if r["val_loss"] is not None]
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "daemon",
-            "peer_id": self.peer_id,
-            "started_at": self.started_at,
-            "final_val_loss": vals[-1]["val_loss"] if vals else None,
-            "val_loss_curve": [
+        return RunSummary(
+            kind="daemon",
+            wall_clock_kind="real",
+            final_val_loss=vals[-1]["val_loss"] if vals else None,
+            val_loss_curve=[
                 {
                     "round": r["round"],
                     "wall_clock_s": r["wall_clock_s"],
@@ -117,28 +115,29 @@ class RunLog:
                 }
                 for r in vals
             ],
-            "consensus_curve": [
+            consensus_curve=[
                 {"round": r["round"], "consensus": r["consensus"]}
                 for r in self.rounds
                 if r["consensus"] is not None
             ],
-            "train_loss_curve": [
+            train_loss_curve=[
                 {"round": r["round"], "train_loss": r["train_loss"]} for r in self.rounds
             ],
-            "rounds": self.rounds,
             # Until the last round's end: the span the time account covers (the shutdown
             # after it is not a round).
-            "wall_clock_s": self.rounds[-1]["wall_clock_s"] if self.rounds else 0.0,
-            "wall_clock_kind": "real",
-            "bytes_sent_per_worker": [stats.bytes_sent],
-            "bytes_received": stats.bytes_received,
-            "idle_s": self.account.idle_s(),  # wall-clock not spent training
-            "idle_fraction": self.idle_fraction(),
-            "training_share": self.account.training_share(),
-            "time": dict(self.account.seconds),
-            "wire": stats.snapshot(),
-            "args": args,
-        }
+            wall_clock_s=self.rounds[-1]["wall_clock_s"] if self.rounds else 0.0,
+            bytes_sent_per_worker=[stats.bytes_sent],
+            time=dict(self.account.seconds),
+            run_id=str(args.get("daemon", {}).get("run_id", "")),
+            rounds=self.rounds,
+            args=args,
+            extra={
+                "peer_id": self.peer_id,
+                "started_at": self.started_at,
+                "bytes_received": stats.bytes_received,
+                "wire": stats.snapshot(),
+            },
+        )
 
     def write_summary(self, path: Path, args: dict[str, Any], stats: WireStats) -> None:
-        write_json(path, plain_json(self.summary(args, stats)))
+        write_json(path, self.summary(args, stats).to_json())

@@ -21,23 +21,21 @@ arithmetic. Worker i's round t:
 4. may fetch a live peer's state (resync) and, without partners while others exist,
    sleeps until the round has lasted T (the protocol's ``solo_wait_s``).
 
-**Where the time goes** (:meth:`SimClock.finish_round`), per worker:
+**Where the time goes** (:meth:`SimClock.finish_round`): each worker keeps the daemon's
+own :class:`~gaslocd.protocol.account.TimeAccount`, in the same categories, so a
+simulated run and a real one report the same quantities:
 
-- *compute*: every inner step, the planned H and the steps that filled the wait alike
-  (filling is useful work, not waiting);
-- *comm*: moving its own bytes, i.e. what its successful exchanges would take on its
-  own link alone, plus a resync's state fetch;
-- *idle*: the rest of its exchange phase, time lost to others: a late partner, crawling
-  at a partner's slower link, an exchange that fails at its deadline. This is the
-  figure filling the wait and adaptive H exist to keep near zero;
-- *pace*: the protocol holding a worker back so that round numbers stay together:
-  waiting for a peer two rounds behind, and a partnerless round's sleep until it has
-  lasted T. Not idle: it is the protocol's pacing, not a partner keeping this worker
-  waiting in its exchange, and the daemon's idle counter does not count it either. Not
-  compute: ``compute_fraction_per_worker`` (and ``pace_s``) show what it costs, so
-  report idle and pace together when comparing with a simulator that had no pacing.
+- ``train`` and ``fill``: the planned steps and the steps that filled the wait (useful
+  work, not waiting);
+- ``wait_ready``: the exchange phase before a partner opened (a late partner), and the
+  whole of an exchange that fails at its deadline;
+- ``transfer``: moving its own bytes at its own link speed; ``slow_link``: the rest of
+  the exchange, spent at a partner's slower link;
+- ``roster``: the protocol holding it back (pacing for a peer two rounds behind, a
+  partnerless round's sleep until it lasted T) and a resync's state fetch.
 
-So ``compute + comm + idle + pace`` is each worker's elapsed time.
+"Idle" is every second not in ``train`` or ``fill``, as in the daemon (docs/design.md
+§4), and the categories sum to each worker's elapsed time.
 
 An all-reduce is never failed by the deadline here (an edge fault still removes a
 member): DiLoCo is the reference the gossip runs are compared with, so it is modelled
@@ -46,9 +44,10 @@ as the barrier all-reduce it is meant to be.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gaslocd.protocol.account import TimeAccount
 from gaslocd.protocol.policy import FillWait
 
 OK, DEADLINE, FAULT = "ok", "deadline", "fault"
@@ -178,65 +177,65 @@ def time_edge(
 
 @dataclass
 class SimClock:
-    """Per-worker simulated time, and where it went (compute, comm, idle, pace)."""
+    """Per-worker simulated time, and its time account (the daemon's categories)."""
 
     workers: int
     now_s: list[float] = field(init=False)
-    compute_s: list[float] = field(init=False)
-    comm_s: list[float] = field(init=False)
-    idle_s: list[float] = field(init=False)
-    pace_s: list[float] = field(init=False)
+    accounts: list[TimeAccount] = field(init=False)
 
     def __post_init__(self) -> None:
         self.now_s = [0.0] * self.workers
-        self.compute_s = [0.0] * self.workers
-        self.comm_s = [0.0] * self.workers
-        self.idle_s = [0.0] * self.workers
-        self.pace_s = [0.0] * self.workers
+        self.accounts = [TimeAccount() for _ in range(self.workers)]
 
-    def finish_round(
-        self,
-        k: int,
-        *,
-        compute_s: float,
-        exchange_s: float,
-        own_traffic_s: float,
-        fetch_s: float = 0.0,
-        pause_s: float = 0.0,
-    ) -> None:
-        """Worker k's round: ``compute_s`` of steps, an exchange phase of ``exchange_s``
-        (of which at most ``own_traffic_s`` moved its own bytes, the rest is idle), a
-        state fetch, and ``pause_s`` of pacing (before the round, or a solo round's sleep)."""
-        if min(compute_s, exchange_s, own_traffic_s, fetch_s, pause_s) < 0:
-            raise ValueError(f"worker {k}: negative time in a round")
-        traffic = min(exchange_s, own_traffic_s)
-        self.compute_s[k] += compute_s
-        self.comm_s[k] += traffic + fetch_s
-        self.idle_s[k] += exchange_s - traffic
-        self.pace_s[k] += pause_s
-        self.now_s[k] += compute_s + exchange_s + fetch_s + pause_s
+    def finish_round(self, k: int, parts: Mapping[str, float]) -> None:
+        """Worker k's round, as seconds per activity (``TimeAccount`` names)."""
+        if min(parts.values(), default=0.0) < 0:
+            raise ValueError(f"worker {k}: negative time in a round: {dict(parts)}")
+        self.accounts[k].add_all(parts)
+        self.now_s[k] += sum(parts.values())
 
     @property
     def wall_clock_s(self) -> float:
         return max(self.now_s)
 
+    def total(self) -> TimeAccount:
+        """Every worker's account added up."""
+        out = TimeAccount()
+        for account in self.accounts:
+            out.merge(account)
+        return out
+
+    def seconds(self, activity: str) -> list[float]:
+        """Per worker, the seconds booked to ``activity``."""
+        return [a.seconds[activity] for a in self.accounts]
+
+    @property
+    def idle_s(self) -> list[float]:
+        """Per worker, the seconds not spent training."""
+        return [a.idle_s() for a in self.accounts]
+
     def idle_fraction(self) -> float:
-        """Share of all workers' elapsed time lost waiting on others."""
-        total = sum(self.now_s)
-        return sum(self.idle_s) / total if total > 0 else 0.0
+        """Share of all workers' elapsed time not spent training."""
+        total = self.total()
+        return total.idle_s() / total.total() if total.total() > 0 else 0.0
 
     def idle_fraction_per_worker(self) -> list[float]:
-        return _shares(self.idle_s, self.now_s)
+        return [1.0 - a.training_share() if a.total() > 0 else 0.0 for a in self.accounts]
 
     def pace_fraction(self) -> float:
-        """Share of all workers' elapsed time the protocol held them back (pacing)."""
-        total = sum(self.now_s)
-        return sum(self.pace_s) / total if total > 0 else 0.0
+        """Share of all workers' elapsed time the protocol held them back (``roster``)."""
+        total = self.total()
+        return total.seconds["roster"] / total.total() if total.total() > 0 else 0.0
 
     def compute_fraction_per_worker(self) -> list[float]:
         """Share of each worker's elapsed time spent on inner steps (filling included)."""
-        return _shares(self.compute_s, self.now_s)
+        return [a.training_share() for a in self.accounts]
 
 
-def _shares(part: Sequence[float], whole: Sequence[float]) -> list[float]:
-    return [p / w if w > 0 else 0.0 for p, w in zip(part, whole, strict=True)]
+def split_exchange_phase(phase_s: float, waited_s: float, own_traffic_s: float) -> dict[str, float]:
+    """A worker's exchange phase (opening to its last exchange's end) as the daemon books
+    it: ``waited_s`` of it before partners were there (or until a failed exchange's
+    deadline), its own bytes at its own speed, and the rest at a partner's slower link."""
+    wait = min(phase_s, max(0.0, waited_s))
+    own = min(phase_s - wait, max(0.0, own_traffic_s))
+    return {"wait_ready": wait, "transfer": own, "slow_link": phase_s - wait - own}

@@ -60,8 +60,9 @@ class SimResult:
     bytes_sent_per_worker: list[float] = field(default_factory=list)
     idle_fraction: float = 0.0
     idle_fraction_per_worker: list[float] = field(default_factory=list)
-    pace_fraction: float = 0.0  # held back by the protocol's pacing (not idle, not compute)
-    compute_fraction_per_worker: list[float] = field(default_factory=list)
+    pace_fraction: float = 0.0  # the ``roster`` share: pacing, solo pauses, resync fetches
+    compute_fraction_per_worker: list[float] = field(default_factory=list)  # training share
+    time: dict[str, float] = field(default_factory=dict)  # all workers, by activity
     wall_clock_s: float = 0.0
     step_time_s: float = 0.0
     message_bytes: int = 0
@@ -274,6 +275,7 @@ class Simulation:
         result.idle_fraction_per_worker = clock.idle_fraction_per_worker()
         result.pace_fraction = clock.pace_fraction()
         result.compute_fraction_per_worker = clock.compute_fraction_per_worker()
+        result.time = dict(clock.total().seconds)
         result.wall_clock_s = clock.wall_clock_s
         result.step_time_s = step_s
         result.pace_timeouts = self.schedule.pace_timeouts

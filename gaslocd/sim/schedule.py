@@ -27,7 +27,15 @@ from gaslocd.config import AlgoConfig, DaemonConfig, SimConfig
 from gaslocd.protocol.plan import LinkEstimates, RoundSetup, plan_this_round
 from gaslocd.protocol.policy import RoundPolicy, counted_exchanges, mixing_row, resync_sources
 from gaslocd.protocol.records import PeerRecord
-from gaslocd.sim.clock import FAULT, EdgeTiming, NetworkModel, SimClock, fill_steps, time_edge
+from gaslocd.sim.clock import (
+    FAULT,
+    EdgeTiming,
+    NetworkModel,
+    SimClock,
+    fill_steps,
+    split_exchange_phase,
+    time_edge,
+)
 
 ExchangeOk = Callable[[int, str, str], bool]
 """(round, a, b) → False when the a–b exchange breaks (an edge fault), for both ends."""
@@ -284,18 +292,38 @@ class Schedule:
                     fetch = self.net.state_fetch_s(k, source)
             done = state.exchange_end_s[k] + fetch
             pause = peer.policy.solo_wait_s(setup, done - state.start_s[k], done)
+            phase = state.exchange_end_s[k] - state.opened_s[k]
+            parts = split_exchange_phase(phase, self._waited(state, k), traffic[k])
             self.clock.finish_round(
                 k,
-                compute_s=state.opened_s[k] - state.start_s[k],
-                exchange_s=state.exchange_end_s[k] - state.opened_s[k],
-                own_traffic_s=traffic[k],
-                fetch_s=fetch,
-                pause_s=pause + state.start_s[k] - state.arrived_s[k],  # solo pause, pacing
+                {
+                    "train": state.planned[k] * peer.step_time_s,
+                    "fill": state.filled[k] * peer.step_time_s,
+                    **parts,
+                    # pacing before the round, the solo round's pause, a resync's fetch
+                    "roster": state.start_s[k] - state.arrived_s[k] + pause + fetch,
+                },
             )
         self.records = [
             self._record(k, t + 1, state.planned[k] + state.filled[k])
             for k in range(len(self.peers))
         ]
+
+    @staticmethod
+    def _waited(state: RoundState, k: int) -> float:
+        """How long peer k's exchange phase waited for partners: until the last partner
+        opened, or until a failed exchange gave up; an all-reduce, until the last member
+        was ready."""
+        opened = state.opened_s[k]
+        if state.group is not None:
+            group = state.group
+            return max(state.opened_s[j] for j in group) - opened if k in group else 0.0
+        waits = [
+            (e.start_s if e.moved else e.end_for(k)) - opened
+            for e in state.edges
+            if k in (e.a, e.b)
+        ]
+        return max(waits, default=0.0)
 
     def _count(self, state: RoundState) -> list[float]:
         """Which exchanges count and each peer's row of W; returns each peer's own-traffic

@@ -1,9 +1,11 @@
-"""The machine-readable summary of a run (``--json FILE``), shared by simulate and demo.
+"""The machine-readable summary of a run (``--json FILE``): :class:`RunSummary`.
 
-One schema for both so that a simulated run and a real one plot with the same script:
-``final_val_loss``, ``val_loss_curve`` ([{round, wall_clock_s, val_loss}]),
+One type for a simulated run, a daemon and a demo, so that every run plots with the same
+script: ``final_val_loss``, ``val_loss_curve`` ([{round, wall_clock_s, val_loss}]),
 ``consensus_curve`` ([{round, consensus}]), ``wall_clock_s``, ``bytes_sent_per_worker``,
-``idle_fraction``, and ``args`` (everything needed to rerun it), plus extras.
+``time`` (seconds by activity, the daemon's time account), ``idle_fraction`` and
+``training_share`` derived from it, and ``args`` (everything needed to rerun it), plus
+extras of each kind.
 
 A simulated run also lists its ``rounds``: per round the sorted roster, the planned
 ``edges``, the ``mixing_matrix`` W actually applied (rows of the protocol's
@@ -18,10 +20,12 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import asdict, is_dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from gaslocd.protocol.account import ACTIVITIES, TimeAccount
 from gaslocd.sim.runner import RoundRecord, SimResult
 
 SCHEMA_VERSION = 1
@@ -58,34 +62,90 @@ def round_entry(r: RoundRecord) -> dict[str, Any]:
     }
 
 
+@dataclass
+class RunSummary:
+    """A run's ``--json`` summary, one type for ``simulate``, a daemon and ``demo``.
+
+    Every kind fills the common fields, so a plotting script or a bench reads any of them
+    the same way; what only one kind has goes into ``extra`` and is written at the top
+    level beside the common keys. Curves are lists of small dicts (``round`` plus values).
+    """
+
+    kind: str  # "simulate", "daemon" or "demo"
+    wall_clock_kind: str  # "simulated" or "real"
+    final_val_loss: float | None
+    val_loss_curve: list[dict[str, Any]]  # {round, wall_clock_s, val_loss[, unix_time]}
+    consensus_curve: list[dict[str, Any]]  # {round, consensus}
+    train_loss_curve: list[dict[str, Any]]  # {round, train_loss}
+    wall_clock_s: float
+    bytes_sent_per_worker: list[float]
+    time: dict[str, float]  # seconds by activity (TimeAccount), all workers together
+    args: dict[str, Any]
+    run_id: str = ""
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def account(self) -> TimeAccount:
+        account = TimeAccount()
+        account.add_all({k: v for k, v in self.time.items() if k in ACTIVITIES})
+        return account
+
+    @property
+    def idle_fraction(self) -> float:
+        """Share of the accounted time not spent training (docs/design.md §4)."""
+        account = self.account
+        return account.idle_s() / account.total() if account.total() > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        body = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        body["idle_fraction"] = self.idle_fraction
+        body["idle_s"] = self.account.idle_s()
+        body["training_share"] = self.account.training_share()
+        return dict(plain_json({**body, **self.extra}))
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> RunSummary:
+        """Read a summary back (``demo`` reads its daemons'); ``ValueError`` if it is not one."""
+        if obj.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"not a version {SCHEMA_VERSION} run summary")
+        names = {f.name for f in fields(cls)} - {"extra"}
+        derived = {"idle_fraction", "idle_s", "training_share"}
+        try:
+            return cls(
+                **{k: v for k, v in obj.items() if k in names},
+                extra={k: v for k, v in obj.items() if k not in names | derived},
+            )
+        except TypeError as exc:
+            raise ValueError(f"incomplete run summary: {exc}") from None
+
+
 def simulation_summary(result: SimResult, args: dict[str, Any]) -> dict[str, Any]:
-    """The summary dict of a simulated run."""
+    """The summary of a simulated run, as written by ``gaslocd simulate --json``."""
     val_curve = [{"round": 0, "wall_clock_s": 0.0, "val_loss": result.initial_val_loss}]
     val_curve += [
         {"round": r.round, "wall_clock_s": r.wall_clock_s, "val_loss": r.val_loss}
         for r in result.records
         if r.val_loss is not None
     ]
-    return plain_json(
-        {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "simulate",
-            "run_id": result.run_id,
-            "final_val_loss": result.final_val_loss,
-            "val_loss_curve": val_curve,
-            "consensus_curve": [
-                {"round": r.round, "consensus": r.consensus} for r in result.records
-            ],
-            "train_loss_curve": [
-                {"round": r.round, "train_loss": r.train_loss} for r in result.records
-            ],
+    return RunSummary(
+        kind="simulate",
+        wall_clock_kind="simulated",
+        run_id=result.run_id,
+        final_val_loss=result.final_val_loss,
+        val_loss_curve=val_curve,
+        consensus_curve=[{"round": r.round, "consensus": r.consensus} for r in result.records],
+        train_loss_curve=[{"round": r.round, "train_loss": r.train_loss} for r in result.records],
+        wall_clock_s=result.wall_clock_s,
+        bytes_sent_per_worker=result.bytes_sent_per_worker,
+        time=result.time,
+        rounds=[round_entry(r) for r in result.records],
+        args=args,
+        extra={
             "inner_steps_curve": [
                 {"round": r.round, "inner_steps": list(r.inner_steps)} for r in result.records
             ],
-            "wall_clock_s": result.wall_clock_s,
-            "wall_clock_kind": "simulated",
-            "bytes_sent_per_worker": result.bytes_sent_per_worker,
-            "idle_fraction": result.idle_fraction,
             "idle_fraction_per_worker": result.idle_fraction_per_worker,
             "pace_fraction": result.pace_fraction,
             "compute_fraction_per_worker": result.compute_fraction_per_worker,
@@ -97,10 +157,8 @@ def simulation_summary(result: SimResult, args: dict[str, Any]) -> dict[str, Any
             "message_bytes": result.message_bytes,
             "tokens_per_worker": result.tokens_per_worker,
             "real_elapsed_s": result.real_elapsed_s,
-            "rounds": [round_entry(r) for r in result.records],
-            "args": args,
-        }
-    )
+        },
+    ).to_json()
 
 
 def write_json(path: Path, summary: dict[str, Any]) -> None:

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from gaslocd.protocol.policy import FillWait
-from gaslocd.sim.clock import DEADLINE, FAULT, OK, NetworkModel, SimClock, fill_steps, time_edge
+from gaslocd.sim.clock import (
+    DEADLINE,
+    FAULT,
+    OK,
+    NetworkModel,
+    SimClock,
+    fill_steps,
+    split_exchange_phase,
+    time_edge,
+)
 
 MB = 1_000_000
 
@@ -58,17 +67,39 @@ def test_an_exchange_past_the_earlier_sides_deadline_fails_for_both() -> None:
     assert broken.outcome == FAULT and (broken.end_a_s, broken.end_b_s) == (3.0, 3.0)
 
 
-def test_accounting_splits_a_round_into_compute_comm_idle_and_pace() -> None:
+def test_the_clock_keeps_the_daemons_time_account_per_worker() -> None:
     clock = SimClock(2)
-    # worker 0: 4 s of steps (filling included), 5 s exchange phase of which 1 s its own bytes
-    clock.finish_round(0, compute_s=4.0, exchange_s=5.0, own_traffic_s=1.0)
-    # worker 1 sat out: 2 s of steps, then paced 3 s to make the round last T
-    clock.finish_round(1, compute_s=2.0, exchange_s=0.0, own_traffic_s=0.0, pause_s=3.0)
+    # worker 0: 3 s planned steps + 1 s filling, a 5 s exchange phase: 2 s waiting for
+    # its partner, 1 s its own bytes, 2 s at the partner's slower link
+    clock.finish_round(0, {"train": 3.0, "fill": 1.0, **split_exchange_phase(5.0, 2.0, 1.0)})
+    # worker 1 sat out: 2 s of steps, then paused 3 s to make the round last T
+    clock.finish_round(1, {"train": 2.0, "roster": 3.0})
     assert clock.now_s == [9.0, 5.0]
-    assert clock.idle_s == [4.0, 0.0]  # pacing is not idle
-    assert clock.pace_s == [0.0, 3.0]
+    assert clock.seconds("wait_ready") == [2.0, 0.0]
+    assert clock.seconds("transfer") == [1.0, 0.0]
+    assert clock.seconds("slow_link") == [2.0, 0.0]
+    assert clock.seconds("roster") == [0.0, 3.0]
+    assert clock.idle_s == [5.0, 3.0]  # every second not training, as the daemon counts
     assert clock.compute_fraction_per_worker() == pytest.approx([4 / 9, 2 / 5])
-    assert clock.idle_fraction() == pytest.approx(4 / 14)
+    assert clock.idle_fraction() == pytest.approx(8 / 14)
+    assert clock.pace_fraction() == pytest.approx(3 / 14)
+    assert clock.total().total() == pytest.approx(sum(clock.now_s))  # categories add up
     assert clock.wall_clock_s == 9.0
     with pytest.raises(ValueError, match="negative"):
-        clock.finish_round(0, compute_s=-1.0, exchange_s=0.0, own_traffic_s=0.0)
+        clock.finish_round(0, {"train": -1.0})
+    with pytest.raises(ValueError, match="unknown activity"):
+        clock.finish_round(0, {"idle": 1.0})
+
+
+def test_an_exchange_phase_is_split_as_the_daemon_books_it() -> None:
+    assert split_exchange_phase(5.0, 2.0, 1.0) == {
+        "wait_ready": 2.0,
+        "transfer": 1.0,
+        "slow_link": 2.0,
+    }
+    # a failed exchange waited the whole phase; own traffic cannot exceed what is left
+    assert split_exchange_phase(4.0, 6.0, 1.0) == {
+        "wait_ready": 4.0,
+        "transfer": 0.0,
+        "slow_link": 0.0,
+    }

@@ -108,8 +108,10 @@ def test_a_fast_peer_waiting_for_a_slow_one_fills_the_wait_with_steps() -> None:
         state = _round(schedule, 0)
         # ready at 1.0 and 5.0; the slow one's notice reaches the fast one at 5.005
         assert state.filled == ([41, 0] if adapt_h else [0, 0])
-        assert schedule.clock.compute_s[0] == pytest.approx(0.1 * (10 + state.filled[0]))
-        idle[adapt_h] = schedule.clock.idle_s[0]
+        clock = schedule.clock
+        assert clock.seconds("train")[0] == pytest.approx(0.1 * 10)
+        assert clock.seconds("fill")[0] == pytest.approx(0.1 * state.filled[0])
+        idle[adapt_h] = clock.seconds("wait_ready")[0]
     assert idle[False] == pytest.approx(4.0)  # waited for its partner doing nothing
     assert idle[True] == pytest.approx(0.0)  # it trained instead (and the other one waits 0.1 s)
 
@@ -124,23 +126,25 @@ def test_an_exchange_past_its_deadline_fails_and_w_stays_doubly_stochastic() -> 
     for q in state.setups[0].partners:  # its partners keep the lost weight themselves
         k = schedule.index[q]
         assert state.rows[k][q] == pytest.approx(2 / 3)
-        assert schedule.clock.idle_s[k] == pytest.approx(FIRST_DEADLINE_S, rel=0.1)
+        # the failed exchange was waited for until its deadline
+        assert schedule.clock.seconds("wait_ready")[k] == pytest.approx(FIRST_DEADLINE_S, rel=0.1)
     assert schedule.peers[0].links.transfer_s == {}  # failed transfers measure nothing
 
 
 def test_a_partnerless_round_lasts_the_target_round_time() -> None:
     schedule = _schedule(3, "1peer", adapt_h=False)
     _round(schedule, 0)  # no T before anything is measured: no pause
-    assert schedule.clock.pace_s == [0.0] * 3
+    assert schedule.clock.seconds("roster") == [0.0] * 3
     for t in range(1, 4):
-        before, idle = list(schedule.clock.now_s), list(schedule.clock.idle_s)
+        before, waited = list(schedule.clock.now_s), schedule.clock.seconds("wait_ready")
         state = _round(schedule, t)
         (solo,) = [k for k, s in enumerate(state.setups) if not s.partners]
         target = state.setups[solo].target_round_s
         assert target is not None
         assert schedule.clock.now_s[solo] - before[solo] == pytest.approx(target)
-        assert schedule.clock.idle_s[solo] == idle[solo]  # pacing is not idle
-    assert sum(schedule.clock.pace_s) > 0
+        # the pause is the protocol's (roster), not waiting for a partner
+        assert schedule.clock.seconds("wait_ready")[solo] == waited[solo]
+    assert sum(schedule.clock.seconds("roster")) > 0
 
 
 def test_a_peer_whose_exchanges_all_fail_resyncs_after_three_rounds() -> None:
@@ -161,14 +165,14 @@ def test_diloco_is_a_barrier_all_reduce_with_w_equal_to_j_over_n() -> None:
     assert state.group == (0, 1, 2, 3) and state.filled == [0] * 4  # DiLoCo never fills
     assert _doubly_stochastic(state).tolist() == [[0.25] * 4] * 4
     assert len(set(schedule.clock.now_s)) == 1  # everyone ends together
-    assert schedule.clock.idle_s[0] == pytest.approx(5.0)  # waited for the slow worker
+    assert schedule.clock.seconds("wait_ready")[0] == pytest.approx(5.0)  # for the slow worker
 
 
 def test_a_peer_two_rounds_ahead_paces_for_the_one_behind() -> None:
     even = _schedule(4, "1peer", adapt_h=False, step_times=[0.1] * 4)
     for t in range(6):
         _round(even, t)
-    assert even.clock.pace_s == [0.0] * 4
+    assert even.clock.seconds("roster") == [0.0] * 4
     slow = _schedule(4, "1peer", adapt_h=False, step_times=[0.1, 0.1, 0.1, 5.0])
     arrived = []  # per round: when each peer ended the round before
     for t in range(6):
@@ -176,7 +180,7 @@ def test_a_peer_two_rounds_ahead_paces_for_the_one_behind() -> None:
         arrived.append(state.arrived_s)
         if t >= 2:  # nobody starts round t before everyone ended round t−2
             assert min(state.start_s) >= max(arrived[t - 1]) - 1e-9
-    assert sum(slow.clock.pace_s) > 0 and slow.pace_timeouts == 0
+    assert sum(slow.clock.seconds("roster")) > 0 and slow.pace_timeouts == 0
     hopeless = _schedule(4, "1peer", adapt_h=False, step_times=[0.1, 0.1, 0.1, 20.0])
     for t in range(6):
         _round(hopeless, t)
