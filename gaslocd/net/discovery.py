@@ -6,6 +6,9 @@ Every DHT node checks the signature on store, so nobody can overwrite or forge a
 peer's subkey. The same RSA key is also the node's libp2p identity, so a peer id in a
 record can be checked against the key that signed it: a peer cannot pose as another one
 under its own subkey either (it could otherwise duplicate a victim in everyone's roster).
+Only holders of the run's credential can write at all: every value carries an HMAC under
+the run key, checked by every honest DHT node on store and again here on read
+(:mod:`gaslocd.net.roster_auth`), with the record's plausibility.
 
 Records are heartbeats: each expires ``record_ttl_s`` after it was published, so a peer
 that dies without a word leaves the roster within one ttl. hivemind cannot delete a
@@ -17,35 +20,38 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hashlib
 import ipaddress
 import logging
 import math
 import os
-import re
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from hivemind import DHT
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.p2p import PeerID
-from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.timed_storage import get_dht_time
 
+from gaslocd.net.identity import load_or_create_identity, write_identity
+from gaslocd.net.roster_auth import (
+    RunRecordValidator,
+    check_entry,
+    owner_key,
+    peer_id_of_owner,
+    roster_key,
+    run_key,
+    sign_entry,
+)
 from gaslocd.protocol.records import WIRE_VERSION, PeerRecord
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-_OWNER_RE = re.compile(RSASignatureValidator.PUBLIC_KEY_REGEX)
 
 
 class DiscoveryError(RuntimeError):
@@ -61,30 +67,10 @@ def _check(ok: bool, message: str) -> None:
 class DiscoveryStats:
     """Counters for metrics: what went wrong without stopping the daemon."""
 
-    malformed_records: int = 0  # entries skipped by roster() (bad value, unsigned, forged id)
+    # entries skipped by roster(): bad value, unsigned, forged id, no run credential, absurd
+    malformed_records: int = 0
     publish_failures: int = 0  # publish() calls that were rejected or timed out
     roster_timeouts: int = 0
-
-
-def _peer_id_of_owner(owner_key: bytes) -> str:
-    """The libp2p peer id of an RSA public key (as hivemind writes it into a subkey).
-
-    libp2p's rule: sha2-256 multihash of the protobuf PublicKey holding the DER key.
-    """
-    public_key = serialization.load_ssh_public_key(owner_key)
-    _check(isinstance(public_key, rsa.RSAPublicKey), "owner key is not an RSA key")
-    der = public_key.public_bytes(
-        encoding=serialization.Encoding.DER, format=serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    message = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
-    return str(PeerID(b"\x12\x20" + hashlib.sha256(message).digest()).to_base58())
-
-
-def _write_identity(path: str, key: RSAPrivateKey) -> None:
-    """Write ``key`` as a libp2p identity file, so the DHT's peer id is derived from it."""
-    message = crypto_pb2.PrivateKey(key_type=crypto_pb2.RSA, data=key.to_bytes())
-    with open(path, "wb") as file:
-        file.write(message.SerializeToString())
 
 
 def _host_maddr(host: str, port: int) -> str:
@@ -182,6 +168,8 @@ class Discovery:
         record_ttl_s: float = 30.0,
         request_timeout_s: float = 5.0,
         start_timeout_s: float = 30.0,
+        token: str = "",
+        identity_path: str | None = None,
     ) -> None:
         _check(
             bool(run_id) and len(run_id) <= 64 and run_id.isprintable() and " " not in run_id,
@@ -199,7 +187,11 @@ class Discovery:
         ):
             _check(math.isfinite(value) and value > 0, f"{name} must be > 0 seconds, got {value}")
         self.run_id = run_id
-        self.key = f"gaslocd/{run_id}/peers"
+        self.key = roster_key(run_id)
+        # The run's credential (empty token: loopback only, derived from the run id alone).
+        self._token, self._run_key = token, run_key(token, run_id)
+        self._identity_path = identity_path
+        self.private_key: RSAPrivateKey | None = None  # this peer's key, set by start()
         self.stats = DiscoveryStats()
         self._initial_peers = [parse_bootstrap(address) for address in initial_peers]
         self._host_maddrs = [_host_maddr(host, dht_port)]
@@ -211,7 +203,8 @@ class Discovery:
         self._peer_id = ""
         self._maddrs: list[str] = []
         self._published: tuple[PeerRecord, float] | None = None  # last record and its expiry
-        self._owner_ids: dict[bytes, str] = {}  # subkey -> peer id, so roster() verifies once
+        self._owner = b""  # our OpenSSH public key, what our run tags are bound to
+        self._keys: dict[str, bytes] = {}  # peer id -> owner key, from the last roster read
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -223,15 +216,22 @@ class Discovery:
         """
         _check(self._dht is None, "Discovery.start() was already called")
         began = time.monotonic()
-        private_key = RSAPrivateKey()
+        if self._identity_path is None:
+            private_key = RSAPrivateKey()
+        else:
+            try:
+                private_key = load_or_create_identity(self._identity_path)
+            except (OSError, ValueError) as error:
+                raise DiscoveryError(f"cannot use identity file: {error}") from error
         validator = RSASignatureValidator(private_key)
+        run_validator = RunRecordValidator(self.run_id, self._token)
         with scratch_event_loop(), tempfile.TemporaryDirectory(prefix="gaslocd-") as folder:
             identity = os.path.join(folder, "identity.key")
-            _write_identity(identity, private_key)  # p2pd reads it once, at start-up
+            write_identity(identity, private_key)  # p2pd reads it once, at start-up
             dht = _DHTProcess(
                 initial_peers=self._initial_peers,
                 start=False,
-                record_validators=[validator],
+                record_validators=[validator, run_validator],
                 host_maddrs=self._host_maddrs,
                 announce_maddrs=self._announce,
                 identity_path=identity,
@@ -248,8 +248,9 @@ class Discovery:
                 stop_process(dht)
                 raise DiscoveryError(self._start_failure(error)) from error
         self._dht, self._peer_id, self._subkey = dht, peer_id, validator.local_public_key
+        self.private_key, self._owner = private_key, owner_key(self._subkey)
         # If this ever fails, roster() would reject our own record as forged: fail loudly now.
-        assert peer_id == _peer_id_of_owner(_OWNER_RE.findall(self._subkey)[0])
+        assert peer_id == peer_id_of_owner(self._owner)
         logger.info(
             "DHT node %s up in %.2f s at %s", peer_id, time.monotonic() - began, self._maddrs
         )
@@ -304,6 +305,13 @@ class Discovery:
         _check(bool(self._maddrs), "Discovery is not started")
         return list(self._maddrs)
 
+    def public_key_of(self, peer_id: str) -> bytes | None:
+        """A peer's OpenSSH public key from the last verified roster read (ours too), or
+        ``None``: what the wire checks call signatures against."""
+        if peer_id == self._peer_id and self._owner:
+            return self._owner
+        return self._keys.get(peer_id)
+
     # -- records -------------------------------------------------------------------------
 
     async def _bounded(self, future: Awaitable[T], what: str) -> T:
@@ -326,8 +334,9 @@ class Discovery:
             f"record peer id {record.peer_id} is not this node's ({self.peer_id})",
         )
         expiration = get_dht_time() + self._ttl_s
+        value = sign_entry(self._run_key, self._owner, record.to_wire())
         future = self.dht.store(
-            self.key, record.to_wire(), expiration, subkey=self._subkey, return_future=True
+            self.key, value, expiration, subkey=self._subkey, return_future=True
         )
         try:
             stored = await self._bounded(future, "publish")
@@ -349,7 +358,9 @@ class Discovery:
         published, self._published = self._published, None
         if published is None or self._dht is None or published[1] <= get_dht_time():
             return
-        tombstone = {"v": WIRE_VERSION, "left": True, "peer_id": self.peer_id}
+        tombstone = sign_entry(
+            self._run_key, self._owner, {"v": WIRE_VERSION, "left": True, "peer_id": self.peer_id}
+        )
         future = self.dht.store(
             self.key, tombstone, published[1] + 1e-3, subkey=self._subkey, return_future=True
         )
@@ -359,9 +370,11 @@ class Discovery:
     async def roster(self, fingerprint: str | None = None) -> list[PeerRecord]:
         """Fresh, valid records of the run (this peer's included once published), by peer id.
 
-        ``fingerprint`` keeps only peers that train the same model. Malformed, unsigned or
-        forged entries are skipped and counted in ``stats.malformed_records``; a slow DHT
-        raises :class:`DiscoveryError` after ``request_timeout_s``.
+        ``fingerprint`` keeps only peers that train the same model. Malformed, unsigned,
+        forged, implausible entries and those without the run's credential are skipped and
+        counted in ``stats.malformed_records`` (our DHT node refused them already; this is
+        the second check, on exactly what we plan from); a slow DHT raises
+        :class:`DiscoveryError` after ``request_timeout_s``.
         """
         # latest=True merges the subkeys found on every replica; without it the first
         # (possibly cached, partial) copy of the dictionary would do.
@@ -373,18 +386,22 @@ class Discovery:
             raise
         now = get_dht_time()
         records: dict[str, PeerRecord] = {}
+        keys: dict[str, bytes] = {}
         entries = found.value if found is not None and isinstance(found.value, dict) else {}
         for subkey, entry in entries.items():
             if entry.expiration_time <= now:
                 continue
             try:
-                record = self._parse_entry(subkey, entry.value)
+                _check(isinstance(subkey, bytes), "subkey is not signed bytes")
+                record = check_entry(self._run_key, subkey, entry.value, now)
             except ValueError as error:
                 self.stats.malformed_records += 1
                 logger.debug("skipping a DHT entry under %s: %s", self.key, error)
                 continue
             if record is not None:
                 records[record.peer_id] = record
+                keys[record.peer_id] = owner_key(subkey)
+        self._keys = keys
         # Our own node stores our record too, so this only fills a gap (a racing get).
         if self._published is not None and self._published[1] > now:
             records.setdefault(self.peer_id, self._published[0])
@@ -392,27 +409,3 @@ class Discovery:
             (r for r in records.values() if fingerprint is None or r.fingerprint == fingerprint),
             key=lambda r: r.peer_id,
         )
-
-    def _parse_entry(self, subkey: object, value: object) -> PeerRecord | None:
-        """A record, ``None`` for a tombstone, or ``ValueError`` for anything else."""
-        _check(isinstance(subkey, bytes), "subkey is not signed bytes")
-        assert isinstance(subkey, bytes)
-        owner_id = self._owner_ids.get(subkey)
-        if owner_id is None:
-            owners = _OWNER_RE.findall(subkey)
-            _check(len(owners) == 1, "subkey does not carry exactly one owner key (unsigned)")
-            try:
-                owner_id = _peer_id_of_owner(owners[0])
-            except Exception as error:  # cryptography raises several types on garbage
-                raise ValueError(f"owner key does not parse: {error}") from None
-            if len(self._owner_ids) > 4096:
-                self._owner_ids.clear()
-            self._owner_ids[subkey] = owner_id
-        if isinstance(value, Mapping) and value.get("left") is True:
-            return None
-        record = PeerRecord.from_wire(value)
-        _check(
-            record.peer_id == owner_id,
-            f"record claims peer id {record.peer_id} but is signed by {owner_id}",
-        )
-        return record

@@ -6,7 +6,9 @@ daemons publish in the DHT (``gaslocd.net.discovery``), so both plan from one ty
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -15,6 +17,16 @@ WIRE_VERSION = 1
 _MAX_STR = 256  # generous for an address or a digest, small enough that garbage stays cheap
 _MAX_INT = 2**62
 _OPTIONAL = ("started_at", "active_from")  # fields added after version 1 was first used
+
+# Plausibility bounds for records read from a network (check_plausible). Generous: an
+# honest record must never fail them, an absurd one (round 2**60) must.
+EPOCH = 1_600_000_000.0  # 2020-09-13 UTC: no gaslocd run started before
+MIN_ROUND_S = 0.01  # no round (local steps + an exchange) is faster; loopback does ~0.2 s
+MAX_CLOCK_SKEW_S = 300.0
+MAX_INNER_STEPS = 1_000_000
+MAX_STEP_TIME_S = 3600.0  # one inner step
+MAX_BANDWIDTH_BYTES_PER_S = 1e12  # 8 Tbit/s
+_HOST_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -58,6 +70,40 @@ class PeerRecord:
             bool(host) and port.isdigit() and 0 < int(port) < 65536,
             f"address must be 'host:port' with a port in 1..65535, got {self.address!r}",
         )
+
+    def check_plausible(self, now: float) -> None:
+        """``ValueError`` unless an honest daemon could have published this at ``now``.
+
+        Kept out of ``__post_init__`` because it needs a wall clock (the simulator's
+        records live in simulated time). Rounds cannot be bounded by ``started_at``: a
+        newcomer started a second ago already holds the network's round. So the bound
+        is what any run could have reached since :data:`EPOCH` at one round per
+        :data:`MIN_ROUND_S` (about 2**34 in 2026); it only grows, so a round that was
+        plausible once stays so. Everything else here is a unit-sane range.
+        """
+        horizon = now + MAX_CLOCK_SKEW_S
+        max_round = int((horizon - EPOCH) / MIN_ROUND_S)
+        _check(
+            EPOCH <= self.started_at <= horizon,
+            f"started_at {self.started_at!r} is before {EPOCH:.0f} or in the future",
+        )
+        _check(self.round <= max_round, f"round {self.round} is beyond any run (> {max_round})")
+        _check(self.active_from <= max_round, f"active_from {self.active_from} is beyond any run")
+        _check(self.inner_steps <= MAX_INNER_STEPS, f"inner_steps {self.inner_steps} is absurd")
+        _check(self.step_time_s <= MAX_STEP_TIME_S, f"step time {self.step_time_s} s is absurd")
+        _check(
+            self.bandwidth_bytes_per_s <= MAX_BANDWIDTH_BYTES_PER_S,
+            f"bandwidth {self.bandwidth_bytes_per_s} B/s is absurd",
+        )
+        host = self.address.rpartition(":")[0]
+        if host.startswith("[") and host.endswith("]"):
+            try:
+                ok = ipaddress.ip_address(host[1:-1]).version == 6
+            except ValueError:
+                ok = False
+        else:
+            ok = _HOST_RE.fullmatch(host) is not None
+        _check(ok, f"address host {host!r} is not a host name, IPv4 or [IPv6] address")
 
     def to_wire(self) -> dict[str, Any]:
         """A msgpack-friendly dict of plain types, tagged with the wire version."""

@@ -25,6 +25,7 @@ from gaslocd.net.discovery import (
     PeerRecord,
     parse_bootstrap,
 )
+from gaslocd.net.roster_auth import owner_key, run_key, sign_entry
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,7 +169,8 @@ def test_three_nodes_discover_each_other_and_filter_by_fingerprint(trio: list[Di
 
 
 @pytest.mark.net
-def test_malformed_forged_and_impersonating_entries_are_skipped(trio: list[Discovery]) -> None:
+def test_malformed_forged_and_impersonating_entries_are_refused(trio: list[Discovery]) -> None:
+    """Every such store is refused by every node (tests/security has outsiders' nodes)."""
     victim, attacker, observer = trio
     key = victim.key
 
@@ -177,23 +179,26 @@ def test_malformed_forged_and_impersonating_entries_are_skipped(trio: list[Disco
         await victim.publish(genuine)
         later = time.time() + 20  # later than the genuine record's expiry would win
         dht = attacker.dht
-        # 1. Overwrite the victim's subkey: unsigned for that key, so every node refuses.
-        forged = _record(victim.peer_id, fingerprint="evil").to_wire()
-        assert not await dht.store(
-            key, forged, later + 20, subkey=victim.subkey, return_future=True
+        tagged = sign_entry(
+            run_key("", "trio"), owner_key(victim.subkey), _record(victim.peer_id).to_wire()
         )
-        # 2. Garbage and an impersonation under the attacker's own (validly signed) subkey,
-        # and an entry under a subkey that carries no public key at all.
+        forged = {**tagged, "fingerprint": "evil"}  # a tag does not survive an edit
+        # 1. Overwrite the victim's subkey: unsigned for that key, so every node refuses.
+        assert not await dht.store(
+            key, tagged, later + 20, subkey=victim.subkey, return_future=True
+        )
+        # 2. Garbage, an edited record and an impersonation (the victim's tagged record)
+        # under the attacker's own subkey, and an entry under a subkey without a key.
         garbage = {"v": 1, "round": "x"}
-        assert await dht.store(key, garbage, later, subkey=attacker.subkey, return_future=True)
-        assert await dht.store(key, forged, later, subkey=b"plain", return_future=True)
-        roster = await _poll(observer.roster, lambda r: observer.stats.malformed_records >= 2, 10.0)
-        assert roster == [genuine]
-        assert await dht.store(key, forged, later + 1, subkey=attacker.subkey, return_future=True)
-        before = observer.stats.malformed_records
-        roster = await observer.roster()
-        assert roster == [genuine]
-        assert observer.stats.malformed_records == before + 2  # impersonation + plain
+        for value, subkey in [
+            (garbage, attacker.subkey),
+            (forged, attacker.subkey),
+            (tagged, attacker.subkey),
+            (tagged, b"plain"),
+        ]:
+            assert not await dht.store(key, value, later, subkey=subkey, return_future=True)
+        assert await observer.roster() == [genuine]
+        assert observer.stats.malformed_records == 0  # never even reached the roster
         # Publishing someone else's record through the API is refused outright.
         with pytest.raises(ValueError, match="not this node"):
             await attacker.publish(genuine)
