@@ -9,6 +9,7 @@ environment > default and builds these objects once.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, replace
 
 ALGOS = ("gasloc", "diloco", "dadam", "local-dadam")
@@ -295,6 +296,9 @@ class DaemonConfig:
     bootstrap: tuple[str, ...] = ()
     codec: str = "fp16"
     checkpoint_dir: str | None = None
+    # This peer's RSA key file (peer id, roster subkey); None: <checkpoint_dir>/identity.key
+    # if there is a checkpoint dir, else a fresh key per start (see identity_file).
+    identity: str | None = None
     checkpoint_every: int = 10
     resume: bool = False
     metrics_port: int | None = None
@@ -314,6 +318,15 @@ class DaemonConfig:
     def announce_host(self) -> str | None:
         """The host part of ``announce`` (what the DHT advertises)."""
         return None if self.announce is None else self.announce.rpartition(":")[0] or self.announce
+
+    @property
+    def identity_file(self) -> str | None:
+        """Where this peer's key lives, so its peer id survives restarts (None: fresh key)."""
+        if self.identity is not None:
+            return self.identity
+        if self.checkpoint_dir is not None:
+            return os.path.join(self.checkpoint_dir, "identity.key")
+        return None
 
     def grpc_address(self, bound_port: int) -> str:
         """The gRPC "host:port" other peers dial: the announced one if given."""

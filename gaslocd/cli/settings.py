@@ -178,6 +178,9 @@ SETTINGS: tuple[Setting, ...] = (
     # -- state and output ------------------------------------------------------------
     _S("checkpoint_dir", v.text_value, None, "where checkpoints are written", DAEMONS,
        _STATE, fields=("daemon.checkpoint_dir",)),
+    _S("identity", v.text_value, None, "this peer's key file (created 0600 if absent): the "
+       "peer id survives restarts; default <checkpoint-dir>/identity.key, else a new key",
+       DAEMONS, _STATE, fields=("daemon.identity",), metavar="FILE"),
     _S("checkpoint_every", v.positive_int, 10, "rounds between checkpoints (one is also "
        "written on exit)", DAEMONS, _STATE, fields=("daemon.checkpoint_every",)),
     _S("resume", v.parse_bool, False, "continue from the checkpoint in --checkpoint-dir",

@@ -101,6 +101,8 @@ class Daemon:
             dht_port=self.cfg.dht_port,
             announce_host=self.cfg.announce_host,
             record_ttl_s=self.cfg.record_ttl_s,
+            token=self.wire.token,
+            identity_path=self.cfg.identity_file,
         )
         self.allreduce: HivemindAllReduce | None = None
         try:
