@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import ipaddress
 import logging
 import math
 import os
 import tempfile
-import threading
 import time
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from hivemind import DHT
 from hivemind.dht.crypto import RSASignatureValidator
@@ -38,6 +36,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.timed_storage import get_dht_time
 
+from gaslocd.net.children import scratch_event_loop, stop_process, watch_parent
 from gaslocd.net.identity import load_or_create_identity, write_identity
 from gaslocd.net.roster_auth import (
     RunRecordValidator,
@@ -93,53 +92,6 @@ def parse_bootstrap(address: str) -> str:
     return address
 
 
-def watch_parent(parent_pid: int, period_s: float = 1.0) -> None:
-    """In a forked child: exit once the process that forked it is gone.
-
-    hivemind's DHT and averager children outlive a parent killed with SIGKILL (or by the
-    OOM killer) and would serve a stale node for ever; their p2pd follows them out.
-    """
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(period_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="gaslocd-watch-parent", daemon=True).start()
-
-
-@contextlib.contextmanager
-def scratch_event_loop() -> Iterator[None]:
-    """Give hivemind's blocking calls an event loop that is closed afterwards.
-
-    Each hivemind ``MPFuture`` calls ``asyncio.get_event_loop()``, which outside a running
-    loop creates and installs one that nobody closes (two sockets and a ResourceWarning).
-    Inside a running loop this does nothing; outside, it unsets the thread's loop after.
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            yield
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-    else:
-        yield
-
-
-def stop_process(process: Any, *, quick: bool = False) -> None:
-    """Ask a hivemind child process to stop (``quick``: kill at once), then reap it."""
-    if process.is_alive() and not quick:
-        process.shutdown()  # asks, then waits up to its shutdown_timeout
-    if process.is_alive():
-        process.kill()
-    if process.pid is not None:  # join() refuses a process that never started
-        process.join(5)
-
-
 class _DHTProcess(DHT):
     """hivemind's DHT process, which also exits when its parent dies."""
 
@@ -191,6 +143,7 @@ class Discovery:
         # The run's credential (empty token: loopback only, derived from the run id alone).
         self._token, self._run_key = token, run_key(token, run_id)
         self._identity_path = identity_path
+        self._run_validator = RunRecordValidator(run_id, token)
         self.private_key: RSAPrivateKey | None = None  # this peer's key, set by start()
         self.stats = DiscoveryStats()
         self._initial_peers = [parse_bootstrap(address) for address in initial_peers]
@@ -224,18 +177,17 @@ class Discovery:
             except (OSError, ValueError) as error:
                 raise DiscoveryError(f"cannot use identity file: {error}") from error
         validator = RSASignatureValidator(private_key)
-        run_validator = RunRecordValidator(self.run_id, self._token)
         with scratch_event_loop(), tempfile.TemporaryDirectory(prefix="gaslocd-") as folder:
             identity = os.path.join(folder, "identity.key")
             write_identity(identity, private_key)  # p2pd reads it once, at start-up
             dht = _DHTProcess(
                 initial_peers=self._initial_peers,
                 start=False,
-                record_validators=[validator, run_validator],
+                record_validators=[validator, self._run_validator],
                 host_maddrs=self._host_maddrs,
                 announce_maddrs=self._announce,
                 identity_path=identity,
-                check_if_identity_free=False,  # a fresh key; checking costs a second p2pd
+                check_if_identity_free=False,  # ours alone; checking costs a second p2pd
                 wait_timeout=self._timeout_s,
                 startup_timeout=self._start_timeout_s,
                 ensure_bootstrap_success=True,
@@ -247,6 +199,7 @@ class Discovery:
             except Exception as error:
                 stop_process(dht)
                 raise DiscoveryError(self._start_failure(error)) from error
+            self._check_credential(dht)
         self._dht, self._peer_id, self._subkey = dht, peer_id, validator.local_public_key
         self.private_key, self._owner = private_key, owner_key(self._subkey)
         # If this ever fails, roster() would reject our own record as forged: fail loudly now.
@@ -254,6 +207,22 @@ class Discovery:
         logger.info(
             "DHT node %s up in %.2f s at %s", peer_id, time.monotonic() - began, self._maddrs
         )
+
+    def _check_credential(self, dht: DHT) -> None:
+        """A joiner with another token refuses every record it finds and would wait for
+        peers it never sees: say so now (exit 3). Nothing refused: the roster polls go on."""
+        if not self._initial_peers:
+            return
+        try:
+            found = dht.get(self.key, latest=True, return_future=True).result(self._timeout_s)
+        except Exception:  # slow or failing: the daemon's roster polls will tell
+            return
+        if found is None and self._run_validator.wrong_credential.value:
+            stop_process(dht)
+            raise DiscoveryError(
+                f"the peers of run {self.run_id!r} refused our join token: their records "
+                "carry another one (check --token)"
+            )
 
     def _start_failure(self, error: BaseException) -> str:
         if isinstance(error, concurrent.futures.TimeoutError):

@@ -30,6 +30,7 @@ import functools
 import hashlib
 import hmac
 import json
+import multiprocessing
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -55,6 +56,10 @@ _SUFFIX_LEN = len(_SUFFIX_HEAD) + 64 + len(_SUFFIX_TAIL)
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+class WrongCredential(ValueError):
+    """A well-formed tag under another key: another token (or a forger); worth a hint."""
 
 
 def run_key(token: str, run_id: str) -> bytes:
@@ -125,7 +130,8 @@ def check_entry(key: bytes, subkey: bytes, value: object, now: float) -> PeerRec
     _check(isinstance(tag, str) and len(tag) == 64, "record carries no run credential")
     assert isinstance(tag, str)
     want = record_tag(key, owner, value)
-    _check(hmac.compare_digest(tag.encode(), want.encode()), "run credential is wrong")
+    if not hmac.compare_digest(tag.encode(), want.encode()):
+        raise WrongCredential("run credential is wrong (another join token?)")
     owner_id = peer_id_of_owner(owner)
     if value.get("left") is True:
         _check(value.get("peer_id") == owner_id, "tombstone for another peer")
@@ -150,6 +156,9 @@ class RunRecordValidator(RecordValidatorBase):
     def __init__(self, run_id: str, token: str) -> None:
         self._key = run_key(token, run_id)
         self._roster_id = DHTID.generate(source=roster_key(run_id)).to_bytes()
+        # Roster entries refused for a wrong tag, in memory shared with the forked DHT
+        # process: a daemon with a mistyped --token sees an empty roster, and says why.
+        self.wrong_credential = multiprocessing.get_context("fork").RawValue("Q", 0)
 
     @property
     def priority(self) -> int:
@@ -162,7 +171,11 @@ class RunRecordValidator(RecordValidatorBase):
         try:
             if record.key == self._roster_id:
                 value = MSGPackSerializer.loads(record.value)
-                check_entry(self._key, record.subkey, value, get_dht_time())
+                try:
+                    check_entry(self._key, record.subkey, value, get_dht_time())
+                except WrongCredential:
+                    self.wrong_credential.value += 1
+                    return False
                 return True
             body, suffix = record.value[:-_SUFFIX_LEN], record.value[-_SUFFIX_LEN:]
             want = self._suffix(dataclasses.replace(record, value=body))
