@@ -39,6 +39,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from gaslocd import __version__
+from gaslocd.net.auth import REFUSAL_REASONS
 from gaslocd.net.validation import WireStats
 from gaslocd.protocol.account import ACTIVITIES
 
@@ -49,7 +50,7 @@ EXCHANGE_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 
 # Reasons present from the first scrape (value 0): the common ones, so that dashboards and
 # alert rules have a series before anything went wrong. Others appear when they happen.
 KNOWN_FAILURES = ("deadline", "unavailable", "peer-gone", "stream-broken", "allreduce")
-KNOWN_REJECTS = ("token-missing", "token-wrong", "wrong-run", "fingerprint", "non-finite")
+KNOWN_REJECTS = ("wrong-sender", "wrong-run", "fingerprint", "non-finite", "state-range")
 MAX_REASONS = 64  # distinct label values per counter; the rest are counted as "other"
 _REASON_RE = re.compile(r"[a-z0-9][a-z0-9_:-]{0,47}")
 
@@ -63,6 +64,20 @@ def _bounded(counts: Iterable[tuple[str, int]], known: Iterable[str] = ()) -> di
             label = "other"
         out[label] = out.get(label, 0) + n
     return out
+
+
+def _refused_family(s: WireStats) -> Metric:
+    """Calls the gRPC server's gate ended before reading them: bad or missing credentials
+    (no token, wrong target, clock skew, unknown peer, bad signature, replay) or a caller
+    over its limits; every label exists from the first scrape and the set is fixed."""
+    refused = CounterMetricFamily(
+        "gasloc_calls_refused",
+        "Incoming calls refused before any message was read, by reason",
+        labels=["reason"],
+    )
+    for reason, n in _bounded(s.refused.items(), REFUSAL_REASONS).items():
+        refused.add_metric([reason], n)
+    return refused
 
 
 class _WireCollector(Collector):
@@ -116,6 +131,7 @@ class _WireCollector(Collector):
             "gasloc_rounds", "Outer rounds this process completed (not reset by catch-up jumps)"
         )
         rounds.add_metric([], t.rounds)
+        yield _refused_family(s)
         yield from (sent, received, ok, failures, rejected, idle, time_spent, tokens, rounds)
 
 

@@ -304,6 +304,11 @@ class Discovery:
         )
         expiration = get_dht_time() + self._ttl_s
         value = sign_entry(self._run_key, self._owner, record.to_wire())
+        try:  # what every honest node would refuse, refused here with the reason
+            check_entry(self._run_key, self._subkey, value, get_dht_time())
+        except ValueError as error:
+            self.stats.publish_failures += 1
+            raise DiscoveryError(f"our record would be refused: {error}") from None
         future = self.dht.store(
             self.key, value, expiration, subkey=self._subkey, return_future=True
         )
@@ -312,10 +317,28 @@ class Discovery:
         except DiscoveryError:
             self.stats.publish_failures += 1
             raise
-        if not stored:
+        if not stored and not await self._stored(expiration):
             self.stats.publish_failures += 1
             raise DiscoveryError("publishing our record failed: no DHT node accepted it")
         self._published = (record, expiration)
+
+    async def _stored(self, expiration: float) -> bool:
+        """Whether our record of ``expiration`` is in the DHT after all.
+
+        hivemind answers a store with the last replica's answer, so one hostile node among
+        the replicas (holding a far-future plain value there) makes a store that every
+        honest node took look refused; reading back tells the truth.
+        """
+        found = await self._bounded(self.dht.get(self.key, latest=True, return_future=True), "get")
+        entries = found.value if found is not None and isinstance(found.value, dict) else {}
+        entry = entries.get(self._subkey)
+        if entry is None or entry.expiration_time < expiration:
+            return False
+        try:  # our node may cache what a hostile replica accepted: check it as roster() does
+            check_entry(self._run_key, self._subkey, entry.value, get_dht_time())
+        except ValueError:
+            return False
+        return True
 
     async def withdraw(self) -> None:
         """Tell the run that this peer left, so that peers stop pairing with it at once.
