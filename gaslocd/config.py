@@ -302,6 +302,9 @@ class DaemonConfig:
     checkpoint_every: int = 10
     resume: bool = False
     metrics_port: int | None = None
+    # /metrics tells anyone who can read it the run id, peer id and traffic: loopback
+    # unless the operator says otherwise (a Prometheus in another container needs 0.0.0.0).
+    metrics_host: str = "127.0.0.1"
     address_file: str | None = None
     max_rounds: int = 0
     min_peers: int = 1

@@ -187,6 +187,9 @@ SETTINGS: tuple[Setting, ...] = (
        DAEMONS, _STATE, kind="switch", fields=("daemon.resume",)),
     _S("metrics_port", v.integer, None, "serve Prometheus metrics on this port (0: a free "
        "one)", DAEMONS, _STATE, fields=("daemon.metrics_port",)),
+    _S("metrics_host", v.text_value, "127.0.0.1", "address the metrics listen on (0.0.0.0: "
+       "all interfaces, for a scraper elsewhere)", DAEMONS, _STATE,
+       fields=("daemon.metrics_host",)),
     _S("address_file", v.text_value, None, "write the bootstrap address(es) of this daemon to "
        "this file", DAEMONS, _STATE, fields=("daemon.address_file",)),
     _S("max_rounds", v.integer, 0, "stop after this round (0: run until stopped)", DAEMONS,

@@ -35,7 +35,7 @@ from gaslocd.daemon.membership import Membership, StartupError
 from gaslocd.daemon.metrics import DaemonMetrics
 from gaslocd.daemon.mixing import AllReduceMixer, GossipMixer, Mixer
 from gaslocd.daemon.report import RunLog
-from gaslocd.daemon.runtime import Runtime
+from gaslocd.daemon.runtime import Runtime, call_auth
 from gaslocd.daemon.telemetry import Telemetry
 from gaslocd.daemon.worker import TrainingThread
 from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
@@ -166,9 +166,9 @@ class Daemon:
             self.discovery.shutdown(quick=True)
 
     def _build_runtime(self) -> Runtime:
-        server = ExchangeServer(
-            self.wire, Identity(self.cfg.run_id, self.me, self.state.fingerprint), self.stats
-        )
+        me = Identity(self.cfg.run_id, self.me, self.state.fingerprint)
+        auth = call_auth(self.cfg.run_id, self.wire.token, self.discovery)
+        server = ExchangeServer(self.wire, me, self.stats, auth=auth)
         rt = Runtime(
             cfg=self.cfg,
             algo=self.algo,
@@ -258,7 +258,7 @@ class Daemon:
         metrics_text = ""
         if cfg.metrics_port is not None:
             try:
-                bound = self.metrics.serve(cfg.metrics_port, cfg.host)
+                bound = self.metrics.serve(cfg.metrics_port, cfg.metrics_host)
             except OSError as exc:
                 raise StartupError(
                     f"cannot serve metrics on port {cfg.metrics_port}: {exc}"

@@ -158,7 +158,7 @@ class Membership:
         for record in resync_sources(others, rt.me):
             try:
                 state = await rt.server.client.fetch_state(
-                    record.address, expected, STATE_FETCH_TIMEOUT_S
+                    record.address, expected, STATE_FETCH_TIMEOUT_S, peer=record.peer_id
                 )
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.UNAUTHENTICATED:

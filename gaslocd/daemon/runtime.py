@@ -16,11 +16,26 @@ from typing import Any
 from gaslocd.config import AlgoConfig, DaemonConfig, TrainConfig, WireConfig
 from gaslocd.daemon.telemetry import Telemetry
 from gaslocd.daemon.worker import TrainingThread
+from gaslocd.net.auth import CallAuth
 from gaslocd.net.discovery import Discovery
+from gaslocd.net.roster_auth import peer_id_of_owner
 from gaslocd.net.server import ExchangeServer
 from gaslocd.protocol.plan import LinkEstimates
 from gaslocd.protocol.policy import RoundPolicy
 from gaslocd.train.worker import Worker
+
+
+def call_auth(run_id: str, token: str, discovery: Discovery) -> CallAuth:
+    """The wire's credentials: our DHT key signs our calls, the roster's verified keys
+    (or a newcomer's own key, if it is its peer id) check others' (docs/design.md §3)."""
+    return CallAuth(
+        run_id,
+        token,
+        discovery.peer_id,
+        discovery.private_key,
+        discovery.public_key_of,
+        peer_id_of_key=peer_id_of_owner,
+    )
 
 
 def monotonic() -> float:

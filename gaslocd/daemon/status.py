@@ -1,4 +1,9 @@
-"""``gaslocd status [ADDR]``: one Status call to a running daemon, printed for a person."""
+"""``gaslocd status [ADDR]``: one Status call to a running daemon, printed for a person.
+
+An operator tool with no roster and no peer key: the call carries the run credential
+(HMAC under the run key, from ``--token``) but no signature, and a daemon answers only
+``Status`` to such a call (docs/design.md §3).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from gaslocd.config import WireConfig
+from gaslocd.net.auth import CallAuth
 from gaslocd.net.client import PeerClient
 from gaslocd.net.validation import Identity, WireStats
 
@@ -17,7 +23,9 @@ async def _status(
     address: str, wire: WireConfig, run_id: str, timeout_s: float
 ) -> dict[str, object]:
     with ThreadPoolExecutor(1) as executor:
-        client = PeerClient(wire, Identity(run_id, "gaslocd-status", ""), executor, WireStats())
+        me = Identity(run_id, "gaslocd-status", "")
+        auth = CallAuth(run_id, wire.token, me.peer_id, None, lambda _peer: None)
+        client = PeerClient(wire, me, executor, WireStats(), auth)
         try:
             reply = await client.status(address, timeout_s)
         finally:

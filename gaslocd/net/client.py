@@ -5,10 +5,13 @@ one per round would pay TCP and TLS set-up every round) and closed by :meth:`clo
 Every call carries a deadline. The Exchange and GetState streams use identity
 serializers: the messages are ``Chunk`` bytes built and parsed by :mod:`frames`.
 
-What the dialer checks in the acceptor's reply is what the acceptor checks in ours
-(token, run, round, sender, fingerprint, codec, sizes, finite values, norm bound): the
-token in both directions means a process at a partner's address that does not hold the
-run's secret cannot feed us parameters.
+Every call carries credentials in its metadata (:mod:`gaslocd.net.auth`); the join token
+itself is never sent. Before the dialer writes anything of θ̃ it checks the acceptor's
+proof (its initial metadata, signed by the partner's peer key over our fresh nonce), so
+a process at a partner's address that does not hold the partner's key learns nothing and
+cannot feed us parameters. What the dialer then checks in the reply is what the acceptor
+checks in ours (run, round, sender, fingerprint, codec, sizes, finite values, norm bound).
+A partner that aborts, resets or finishes the call at any point only fails that exchange.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ import grpc
 import torch
 
 from gaslocd.config import WireConfig
+from gaslocd.net.auth import AuthFailure, CallAuth, Claim
 from gaslocd.net.frames import MalformedMessage, frame_header, parse_chunk
 from gaslocd.net.proto import peer_pb2 as pb
 from gaslocd.net.rendezvous import ExchangeFailure, ExchangeResult, Outcome, RoundOffer
 from gaslocd.net.security import channel_credentials, channel_options
-from gaslocd.net.state import PeerState, receive_state
+from gaslocd.net.state import MAX_ROUND, PeerState, receive_state
 from gaslocd.net.stream import (
+    PEER_GONE,
     Receiver,
     expect_end,
     receive_data,
@@ -43,6 +48,9 @@ from gaslocd.net.validation import (
     check_static,
     reason_from_details,
 )
+
+_PROOF_WAIT_S = 2.0  # for the status of a call that ended without the acceptor's proof
+_ADDRESSES_KEPT = 1024
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Peer"].full_name
 EXCHANGE = f"/{SERVICE}/Exchange"
@@ -83,7 +91,6 @@ def exchange_header(me: Identity, config: WireConfig, offer: RoundOffer) -> byte
             numel=msg.numel,
             encoded_nbytes=msg.nbytes,
             chunk_bytes=msg.chunk_bytes,
-            token=config.token.encode(),
         )
     )
 
@@ -92,11 +99,18 @@ class PeerClient:
     """Outgoing calls of one peer. Create it inside the event loop; ``await close()``."""
 
     def __init__(
-        self, config: WireConfig, me: Identity, executor: Executor, stats: WireStats
+        self,
+        config: WireConfig,
+        me: Identity,
+        executor: Executor,
+        stats: WireStats,
+        auth: CallAuth,
     ) -> None:
         self.config = config
         self.me = me
         self.stats = stats
+        self.auth = auth
+        self._peer_at: dict[str, str] = {}  # address -> peer id, from the rounds' partners
         self._executor = executor
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._credentials = channel_credentials(config)
@@ -112,6 +126,12 @@ class PeerClient:
             self._channels[address] = chan
         return chan
 
+    def learn_addresses(self, partners: Mapping[str, str]) -> None:
+        """Remember who listens where (``Ready`` notices are sent by address)."""
+        if len(self._peer_at) > _ADDRESSES_KEPT:
+            self._peer_at.clear()
+        self._peer_at.update({address: peer for peer, address in partners.items()})
+
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
         for chan in channels:
@@ -121,13 +141,17 @@ class PeerClient:
         """Exchange θ̃ with ``peer`` for ``offer.round``: both directions on one call."""
         loop = asyncio.get_running_loop()
         start = loop.time()
-        call = self.channel(offer.partners[peer]).stream_stream(EXCHANGE)(timeout=timeout_s)
+        metadata, claim = self.auth.metadata(peer, "Exchange", offer.round)
+        call = self.channel(offer.partners[peer]).stream_stream(EXCHANGE)(
+            timeout=timeout_s, metadata=metadata
+        )
         out = offer.take_buffer()
         receiver: Receiver | None = None
         timing: dict[str, float] = {}
         header = exchange_header(self.me, self.config, offer)
 
         async def send() -> int:
+            await self._check_acceptor(call, claim)  # before any byte of ours goes out
             sent = await send_message(
                 call.write, header, offer.message, self.config.pipeline_chunks
             )
@@ -153,8 +177,10 @@ class PeerClient:
         try:
             sent, (received, refusal) = await run_duplex(send(), receive())
             done = True
-        except (Refusal, PeerRefused, grpc.aio.AioRpcError) as exc:
+        except (Refusal, PeerRefused, AuthFailure, grpc.aio.AioRpcError) as exc:
             return self._failure(peer, exc, loop.time() - start)
+        except PEER_GONE as exc:  # e.g. InvalidStateError: the acceptor ended the call
+            return await self._gone(peer, call, exc, loop.time() - start)
         finally:
             if receiver is not None:
                 await receiver.close()
@@ -177,15 +203,47 @@ class PeerClient:
         )
 
     def _failure(
-        self, peer: str, exc: Refusal | PeerRefused | grpc.aio.AioRpcError, elapsed_s: float
+        self,
+        peer: str,
+        exc: Refusal | PeerRefused | AuthFailure | grpc.aio.AioRpcError,
+        elapsed_s: float,
     ) -> ExchangeFailure:
         """A dial that ended early, as the failure the round driver logs and counts."""
+        if isinstance(exc, AuthFailure):  # the acceptor did not prove it is the partner
+            self.stats.refused[exc.reason] += 1
+            return ExchangeFailure(peer, f"rejected:{exc.reason}", exc.detail, "dial", elapsed_s)
         if isinstance(exc, Refusal):  # the partner's data failed our checks
             self.stats.rejected[exc.reason] += 1
             return ExchangeFailure(peer, f"rejected:{exc.reason}", exc.detail, "dial", elapsed_s)
         if isinstance(exc, PeerRefused):  # the partner refused our request
             return ExchangeFailure(peer, f"refused:{exc.reason}", exc.detail, "dial", elapsed_s)
         return failure_from_rpc(peer, exc, "dial", elapsed_s)
+
+    async def _gone(
+        self, peer: str, call: grpc.aio.Call, exc: BaseException, elapsed_s: float
+    ) -> ExchangeFailure:
+        """The call ended under us: the acceptor's status names why, if it gave one."""
+        if call.done():
+            code, details = await call.code(), await call.details()
+            if code != grpc.StatusCode.OK:
+                err = grpc.aio.AioRpcError(code, None, None, details)
+                return failure_from_rpc(peer, err, "dial", elapsed_s)
+        return ExchangeFailure(peer, "peer-gone", str(exc) or type(exc).__name__, "dial", elapsed_s)
+
+    async def _check_acceptor(self, call: grpc.aio.Call, claim: Claim) -> None:
+        """The acceptor's proof of identity, or the status it ended the call with."""
+        metadata = await call.initial_metadata()
+        try:
+            self.auth.check_proof(metadata, claim)
+        except AuthFailure:
+            try:  # a refusal comes without a proof: its status is the better reason
+                code = await asyncio.wait_for(call.code(), _PROOF_WAIT_S)
+            except TimeoutError:
+                raise AuthFailure("bad-signature", "the acceptor sent no proof") from None
+            if code != grpc.StatusCode.OK:
+                details = await call.details()
+                raise grpc.aio.AioRpcError(code, metadata, None, details) from None
+            raise
 
     def _check_reply(
         self, first: object, offer: RoundOffer, peer: str, out: torch.Tensor
@@ -201,7 +259,7 @@ class PeerClient:
         h = parsed.header
         if h is None:
             raise Refusal("unexpected-message", f"a {parsed.kind} where a header was expected")
-        check_static(self.config, self.me, h.token, h.run_id, h.fingerprint)
+        check_static(self.me, h.run_id, h.fingerprint)
         if h.sender != peer:
             raise Refusal("wrong-sender", f"expected {peer!r}, the reply is from {h.sender[:64]!r}")
         if h.round != offer.round:
@@ -218,26 +276,38 @@ class PeerClient:
         )
 
     async def fetch_state(
-        self, address: str, expected: Mapping[str, int], timeout_s: float
+        self,
+        address: str,
+        expected: Mapping[str, int],
+        timeout_s: float,
+        *,
+        peer: str,
+        max_round: int = MAX_ROUND,
     ) -> PeerState:
-        """Stream a live peer's state (θ, outer momentum, ...) sized as ``expected``.
+        """Stream the state (θ, outer momentum, ...) sized as ``expected`` of ``peer``.
 
-        Raises :class:`Refusal` when the reply fails our checks and ``AioRpcError`` when
-        the peer refuses us or cannot be reached.
+        Raises :class:`Refusal` when the reply fails our checks (sizes, ranges: see
+        :mod:`gaslocd.net.state`), :class:`AuthFailure` when the server does not prove it
+        is ``peer``, and ``AioRpcError`` when the peer refuses us or cannot be reached.
+        Nothing of a refused state is returned.
         """
         request = pb.StateRequest(
-            run_id=self.me.run_id,
-            sender=self.me.peer_id,
-            fingerprint=self.me.fingerprint,
-            token=self.config.token.encode(),
+            run_id=self.me.run_id, sender=self.me.peer_id, fingerprint=self.me.fingerprint
         )
+        metadata, claim = self.auth.metadata(peer, "GetState")
         call = self.channel(address).unary_stream(
             GET_STATE, request_serializer=pb.StateRequest.SerializeToString
-        )(request, timeout=timeout_s)
+        )(request, timeout=timeout_s, metadata=metadata)
         try:
-            state = await receive_state(call.read, expected, self.me, self.config, self._executor)
+            await self._check_acceptor(call, claim)
+            state = await receive_state(
+                call.read, expected, self.me, self.config, self._executor, max_round
+            )
         except Refusal as exc:
             self.stats.rejected[exc.reason] += 1
+            raise
+        except AuthFailure as exc:
+            self.stats.refused[exc.reason] += 1
             raise
         finally:
             if not call.done():
@@ -252,13 +322,9 @@ class PeerClient:
             request_serializer=pb.ReadyNotice.SerializeToString,
             response_deserializer=pb.ReadyReply.FromString,
         )
-        notice = pb.ReadyNotice(
-            run_id=self.me.run_id,
-            round=round_,
-            sender=self.me.peer_id,
-            token=self.config.token.encode(),
-        )
-        await call(notice, timeout=timeout_s)
+        notice = pb.ReadyNotice(run_id=self.me.run_id, round=round_, sender=self.me.peer_id)
+        metadata, _ = self.auth.metadata(self._peer_at.get(address, ""), "Ready", round_)
+        await call(notice, timeout=timeout_s, metadata=metadata)
 
     async def status(self, address: str, timeout_s: float) -> pb.StatusReply:
         """The peer's ``StatusReply`` (peer id, run, round, version, free-form fields)."""
@@ -269,6 +335,7 @@ class PeerClient:
             request_serializer=pb.StatusRequest.SerializeToString,
             response_deserializer=pb.StatusReply.FromString,
         )
-        request = pb.StatusRequest(run_id=self.me.run_id, token=self.config.token.encode())
-        reply: pb.StatusReply = await call(request, timeout=timeout_s)
+        request = pb.StatusRequest(run_id=self.me.run_id)
+        metadata, _ = self.auth.metadata("", "Status")
+        reply: pb.StatusReply = await call(request, timeout=timeout_s, metadata=metadata)
         return reply

@@ -19,13 +19,17 @@ exchange for the round.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from gaslocd.net.stream import OutgoingMessage
 from gaslocd.net.validation import Refusal
+
+log = logging.getLogger(__name__)
 
 
 def dials(me: str, peer: str) -> bool:
@@ -70,6 +74,17 @@ class ExchangeFailure:
 
 
 Outcome = ExchangeResult | ExchangeFailure
+
+
+def finished_outcome(peer: str, fut: asyncio.Future[Outcome], deadline_s: float) -> Outcome:
+    """What a finished dial or accept gave; never raises (the round goes on regardless)."""
+    if fut.cancelled():
+        return ExchangeFailure(peer, "deadline", f"no result in {deadline_s} s", "dial")
+    exc = fut.exception()
+    if exc is not None:  # a bug of ours, not the peer's doing: logged loudly
+        log.error("exchange with %s failed unexpectedly", peer, exc_info=exc)
+        return ExchangeFailure(peer, "error", repr(exc), "dial")
+    return fut.result()
 
 
 @dataclass
@@ -181,3 +196,33 @@ class RoundBoard:
             raise Refusal("duplicate", f"{sender!r} already has a call for round {offer.round}")
         offer.claimed.add(sender)
         return offer
+
+
+class ReadyBook:
+    """Who said it finished its local steps of which round (the ``Ready`` notices).
+
+    Bounded: ``per_round`` senders for ``rounds_kept`` rounds, however many notices
+    arrive. Frozensets are replaced whole, so the training thread can read them while
+    the loop adds to them.
+    """
+
+    def __init__(self, per_round: int = 64, rounds_kept: int = 8) -> None:
+        self._per_round = per_round
+        self._rounds_kept = rounds_kept
+        self._ready: dict[int, frozenset[str]] = {}
+
+    def add(self, round_: int, sender: str, latest: int | None, round_lead: int) -> None:
+        """Record a notice, or refuse one for a round far from ``latest`` (ours)."""
+        if latest is not None and round_ < latest:
+            raise Refusal("stale-round", f"round {round_} is before our {latest}")
+        if latest is not None and round_ > latest + round_lead + 1:
+            raise Refusal("future-round", f"round {round_} is too far ahead of {latest}")
+        got = self._ready.get(round_, frozenset())
+        if len(got) < self._per_round:
+            self._ready[round_] = got | {sender}
+        while len(self._ready) > self._rounds_kept:
+            del self._ready[min(self._ready)]
+
+    def all_ready(self, round_: int, partners: Sequence[str]) -> bool:
+        got = self._ready.get(round_, frozenset())
+        return all(p in got for p in partners)

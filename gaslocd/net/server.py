@@ -3,7 +3,8 @@
 Lifecycle and contract (all coroutines run on the daemon's event loop; uvloop is the
 daemon's choice — install it in the process entry point, not on import)::
 
-    server = ExchangeServer(WireConfig(token=...), Identity(run_id, peer_id, fingerprint))
+    auth = CallAuth(run_id, token, peer_id, private_key, discovery.public_key_of)
+    server = ExchangeServer(WireConfig(...), Identity(run_id, peer_id, fp), auth=auth)
     port = await server.start("0.0.0.0", 0)          # bound port; files (TLS) read here
     server.set_state_provider(lambda: PeerState(...)) # for newcomers' GetState
     server.set_status_provider(lambda: {...})         # extra fields for Status
@@ -28,65 +29,88 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import torch
-from google.protobuf.message import DecodeError, Message
 
 import gaslocd
 from gaslocd.config import WireConfig
+from gaslocd.net.auth import CallAuth, Claim
 from gaslocd.net.client import SERVICE, PeerClient, exchange_header
 from gaslocd.net.codecs import ErrorFeedback, get_codec
-from gaslocd.net.frames import MalformedMessage, frame_refusal, parse_chunk
+from gaslocd.net.frames import frame_refusal
+from gaslocd.net.gate import CallGate, Limits, Method
 from gaslocd.net.proto import peer_pb2 as pb
 from gaslocd.net.rendezvous import (
     ExchangeFailure,
     ExchangeResult,
     Outcome,
+    ReadyBook,
     RoundBoard,
     RoundOffer,
     dials,
+    finished_outcome,
 )
 from gaslocd.net.security import server_credentials, server_options
-from gaslocd.net.state import PeerState, send_state
-from gaslocd.net.stream import OutgoingMessage, Receiver, expect_end, receive_data, run_duplex
+from gaslocd.net.state import StateProvider, StateSource, send_state
+from gaslocd.net.stream import (
+    PEER_GONE,
+    OutgoingMessage,
+    Receiver,
+    expect_end,
+    receive_data,
+    run_duplex,
+)
 from gaslocd.net.stream import send_message as send_stream
 from gaslocd.net.threads import wire_executor
-from gaslocd.net.validation import Identity, Refusal, WireStats, check_payload, check_static
+from gaslocd.net.validation import (
+    Identity,
+    Refusal,
+    WireStats,
+    check_payload,
+    check_sender,
+    check_static,
+    exchange_header_of,
+    parse_request,
+)
 
 log = logging.getLogger(__name__)
 
-M = TypeVar("M", bound=Message)
-_MAX_SENDER_CHARS = 128
-_MAX_READY_PER_ROUND = 64  # senders remembered per round (a round has 1 or 2 partners)
-_READY_ROUNDS_KEPT = 8  # rounds of Ready notices remembered
 
-StateProvider = Callable[[], PeerState | Awaitable[PeerState]]
 StatusProvider = Callable[[], Mapping[str, object]]
 
 
 class ExchangeServer:
     """Serves Exchange / GetState / Status and dials this peer's partners."""
 
-    def __init__(self, config: WireConfig, me: Identity, stats: WireStats | None = None) -> None:
+    def __init__(
+        self,
+        config: WireConfig,
+        me: Identity,
+        stats: WireStats | None = None,
+        *,
+        auth: CallAuth,
+        limits: Limits | None = None,
+    ) -> None:
+        if auth.my_peer_id != me.peer_id or auth.run_id != me.run_id:
+            raise ValueError("the call credentials must be for this peer and run")
         self.config = config
         self.me = me
+        self.auth = auth
+        self.limits = limits if limits is not None else Limits()
         self.stats = stats if stats is not None else WireStats()
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._client: PeerClient | None = None
         self._board: RoundBoard | None = None
-        self._state_provider: StateProvider | None = None
+        self._state: StateSource | None = None
         self._status_provider: StatusProvider | None = None
-        # round -> peers that said they finished their local steps. Frozensets replaced
-        # whole, so the training thread can read them while the loop adds to them.
-        self._ready: dict[int, frozenset[str]] = {}
+        self._ready = ReadyBook()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -96,19 +120,27 @@ class ExchangeServer:
         # torch single-threaded (see gaslocd.net.threads for the measurement).
         self._executor = wire_executor(2)
         self._board = RoundBoard(self.me.peer_id, self.config.round_lead)
-        self._client = PeerClient(self.config, self.me, self._executor, self.stats)
-        server = grpc.aio.server(options=server_options(self.config), maximum_concurrent_rpcs=64)
-        handlers = {
-            "Exchange": grpc.stream_stream_rpc_method_handler(self._exchange),
-            "GetState": grpc.unary_stream_rpc_method_handler(self._get_state),
-            "Status": grpc.unary_unary_rpc_method_handler(
-                self._status, response_serializer=pb.StatusReply.SerializeToString
+        self._client = PeerClient(self.config, self.me, self._executor, self.stats, self.auth)
+        # No maximum_concurrent_rpcs: gRPC's refusals never reach Python, so they could
+        # not be counted. The gate's own limits (per peer, in all, GetState) do that job.
+        server = grpc.aio.server(options=server_options(self.config))
+        methods = {
+            "Exchange": Method(self._exchange, True, True),
+            "GetState": Method(self._get_state, False, True),
+            "Status": Method(
+                self._status,
+                False,
+                False,
+                pb.StatusReply.SerializeToString,
+                signed=False,
+                open_target=True,
             ),
-            "Ready": grpc.unary_unary_rpc_method_handler(
-                self._ready_notice, response_serializer=pb.ReadyReply.SerializeToString
+            "Ready": Method(
+                self._ready_notice, False, False, pb.ReadyReply.SerializeToString, open_target=True
             ),
         }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        gate = CallGate(SERVICE, methods, self.auth, self.stats.refused, self.limits)
+        server.add_generic_rpc_handlers((gate,))
         creds = server_credentials(self.config)
         where = f"{host}:{port}"
         bound = server.add_secure_port(where, creds) if creds else server.add_insecure_port(where)
@@ -145,7 +177,7 @@ class ExchangeServer:
         return self._client
 
     def set_state_provider(self, provider: StateProvider) -> None:
-        self._state_provider = provider
+        self._state = StateSource(provider)
 
     def set_status_provider(self, provider: StatusProvider) -> None:
         self._status_provider = provider
@@ -185,6 +217,7 @@ class ExchangeServer:
         )
         offer.opened_at = loop.time()
         self._board.open(offer)
+        self.client.learn_addresses(partners)
 
     async def exchange_round(self, round_: int, deadline_s: float) -> dict[str, Outcome]:
         """Exchange with every partner of the open round ``round_``; see the module doc."""
@@ -211,14 +244,8 @@ class ExchangeServer:
         outcomes: dict[str, Outcome] = {}
         for peer in offer.partners:
             dial = dialed.get(peer)
-            if dial is None:
-                outcomes[peer] = offer.outcomes[peer].result()
-            elif dial.cancelled():
-                outcomes[peer] = ExchangeFailure(
-                    peer, "deadline", f"no result in {deadline_s} s", "dial"
-                )
-            else:
-                outcomes[peer] = dial.result()
+            fut = offer.outcomes[peer] if dial is None else dial
+            outcomes[peer] = finished_outcome(peer, fut, deadline_s)
         for out in outcomes.values():
             if isinstance(out, ExchangeFailure):
                 self.stats.failures[out.reason] += 1
@@ -231,42 +258,35 @@ class ExchangeServer:
 
         Safe to call from the training thread (it only reads an immutable snapshot).
         """
-        got = self._ready.get(round_, frozenset())
-        return all(p in got for p in partners)
+        return self._ready.all_ready(round_, partners)
 
     # -- handlers ----------------------------------------------------------------------
 
     async def _ready_notice(
-        self, request: bytes, context: grpc.aio.ServicerContext
+        self, request: bytes, context: grpc.aio.ServicerContext, claim: Claim
     ) -> pb.ReadyReply:
         try:
-            notice = _parse_request(pb.ReadyNotice, request)
-            check_static(self.config, self.me, notice.token, notice.run_id, self.me.fingerprint)
-            sender = notice.sender
-            if not sender or len(sender) > _MAX_SENDER_CHARS or not sender.isprintable():
-                raise Refusal("malformed", "the sender id is empty, too long or not printable")
+            notice = parse_request(pb.ReadyNotice, request)
+            check_sender(notice.sender, claim.sender)
+            check_static(self.me, notice.run_id, self.me.fingerprint)
             latest = self._board.latest_round if self._board is not None else None
-            if latest is not None and notice.round < latest:
-                raise Refusal("stale-round", f"round {notice.round} is before our {latest}")
-            if latest is not None and notice.round > latest + self.config.round_lead + 1:
-                raise Refusal("future-round", f"round {notice.round} is too far ahead of {latest}")
+            self._ready.add(notice.round, notice.sender, latest, self.config.round_lead)
         except Refusal as refusal:
             await self._refuse(context, refusal)
             raise AssertionError("unreachable: abort raises") from None
-        got = self._ready.get(notice.round, frozenset())
-        if len(got) < _MAX_READY_PER_ROUND:
-            self._ready[notice.round] = got | {sender}
-        # Bounded: a few rounds around ours, however many notices arrive.
-        while len(self._ready) > _READY_ROUNDS_KEPT:
-            del self._ready[min(self._ready)]
         return pb.ReadyReply()
 
-    async def _exchange(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
+    async def _exchange(
+        self, _requests: object, context: grpc.aio.ServicerContext, claim: Claim
+    ) -> None:
         assert self._board is not None
         try:
             raw = await asyncio.wait_for(context.read(), self.config.header_wait_s)
-            header = _exchange_header(raw)
-            check_static(self.config, self.me, header.token, header.run_id, header.fingerprint)
+            header = exchange_header_of(raw)
+            check_sender(header.sender, claim.sender)
+            if header.round != claim.round:
+                raise Refusal("malformed", "the header's round is not the call's")
+            check_static(self.me, header.run_id, header.fingerprint)
             offer = await self._board.claim(header.round, header.sender, self.config.accept_wait_s)
         except Refusal as refusal:
             await self._refuse(context, refusal, in_band=True)
@@ -295,7 +315,7 @@ class ExchangeServer:
                 sender, ExchangeFailure(sender, f"rejected:{exc.reason}", exc.detail, "accept")
             )
             await self._refuse(context, exc, in_band=True)
-        elif isinstance(exc, grpc.aio.AbortError | grpc.aio.AioRpcError | grpc.aio.UsageError):
+        elif isinstance(exc, PEER_GONE):
             offer.resolve(sender, ExchangeFailure(sender, "peer-gone", str(exc), "accept"))
         elif exc is not None:
             offer.resolve(sender, ExchangeFailure(sender, "error", repr(exc), "accept"))
@@ -349,26 +369,29 @@ class ExchangeServer:
             transfer_s=done[0] - t_header,
         )
 
-    async def _get_state(self, request: bytes, context: grpc.aio.ServicerContext) -> None:
+    async def _get_state(
+        self, request: bytes, context: grpc.aio.ServicerContext, claim: Claim
+    ) -> None:
         assert self._executor is not None
         try:
-            req = _parse_request(pb.StateRequest, request)
-            check_static(self.config, self.me, req.token, req.run_id, req.fingerprint)
-            if self._state_provider is None:
+            req = parse_request(pb.StateRequest, request)
+            check_sender(req.sender, claim.sender)
+            check_static(self.me, req.run_id, req.fingerprint)
+            if self._state is None:
                 raise Refusal("no-state", "this peer has no state to give yet")
         except Refusal as refusal:
             await self._refuse(context, refusal)
             return
-        state = self._state_provider()
-        if inspect.isawaitable(state):
-            state = await state
+        state = await self._state.get(self._board.latest_round if self._board else None)
         sent = await send_state(context.write, state, self.me, self.config, self._executor)
         self.stats.bytes_sent += sent
 
-    async def _status(self, request: bytes, context: grpc.aio.ServicerContext) -> pb.StatusReply:
+    async def _status(
+        self, request: bytes, context: grpc.aio.ServicerContext, _claim: Claim
+    ) -> pb.StatusReply:
         try:
-            req = _parse_request(pb.StatusRequest, request)
-            check_static(self.config, self.me, req.token, req.run_id, self.me.fingerprint)
+            req = parse_request(pb.StatusRequest, request)
+            check_static(self.me, req.run_id, self.me.fingerprint)
         except Refusal as refusal:
             await self._refuse(context, refusal)
             raise AssertionError("unreachable: abort raises") from None
@@ -395,23 +418,3 @@ class ExchangeServer:
                 code = refusal.code.value[0]
                 await context.write(frame_refusal(code, refusal.reason, refusal.detail))
         await context.abort(refusal.code, refusal.status_details)
-
-
-def _parse_request(kind: type[M], raw: bytes) -> M:
-    """A unary request decoded, or refused as malformed."""
-    try:
-        return kind.FromString(raw)
-    except DecodeError as exc:
-        raise Refusal("malformed", f"not a {kind.__name__}: {exc}") from None
-
-
-def _exchange_header(raw: object) -> pb.ExchangeHeader:
-    if not isinstance(raw, bytes):
-        raise Refusal("truncated", "the stream ended before its header")
-    try:
-        parsed = parse_chunk(raw)
-    except MalformedMessage as exc:
-        raise Refusal("malformed", str(exc)) from None
-    if parsed.header is None:
-        raise Refusal("unexpected-message", f"a {parsed.kind} where a header was expected")
-    return parsed.header

@@ -5,12 +5,21 @@ header's order, cut into the same block spans as an exchange. State is always fp
 newcomer starts from exactly the live peer's state, and this happens once per join, not
 every round. The receiver allocates by the sizes *it* expects for its own model (the
 fingerprint already matched) and refuses a header whose tensor list differs.
+
+A state is taken whole or not at all: after the bytes arrive, the round must be below
+``MAX_ROUND`` (and below a bound the caller knows, if it passes one), every value finite,
+θ's RMS at most ``MAX_THETA_RMS`` and ‖m‖ at most ``MAX_MOMENTUM_RATIO`` · ‖θ‖ (the outer
+momentum accumulates per-round changes of θ, which are far smaller than θ); otherwise
+``Refusal("state-range")`` and nothing is returned. The serving side streams one shared
+snapshot per round (:class:`StateSource`), however many newcomers ask at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import inspect
+import math
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -25,6 +34,9 @@ from gaslocd.net.stream import Read, Receiver, Write, expect_end, receive_data
 from gaslocd.net.validation import Identity, Refusal, check_static
 
 _FP32 = get_codec("fp32")
+MAX_ROUND = 2**31  # 68 years at one round a second
+MAX_THETA_RMS = 1e3  # an LM's weights have an RMS of order 0.01-1
+MAX_MOMENTUM_RATIO = 10.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,6 @@ async def send_state(
         tensors=[pb.TensorInfo(name=k, numel=v.numel()) for k, v in state.tensors.items()],
         chunk_bytes=config.chunk_bytes,
         extra=state.extra,
-        token=config.token.encode(),
     )
     first = frame_state_header(header)
     await write(first)
@@ -80,8 +91,9 @@ async def receive_state(
     me: Identity,
     config: WireConfig,
     executor: Executor,
+    max_round: int = MAX_ROUND,
 ) -> PeerState:
-    """Read and check a state stream against the tensor sizes we expect."""
+    """Read and check a state stream against the tensor sizes and ranges we expect."""
     raw = await read()
     if not isinstance(raw, bytes):
         raise Refusal("truncated", "the state stream ended before its header")
@@ -92,7 +104,9 @@ async def receive_state(
     header = parsed.state_header
     if header is None:
         raise Refusal("unexpected-message", f"a {parsed.kind} where a state header was expected")
-    check_static(config, me, header.token, header.run_id, header.fingerprint)
+    check_static(me, header.run_id, header.fingerprint)
+    if header.round >= min(max_round, MAX_ROUND):
+        raise Refusal("state-range", f"round {header.round} is beyond {min(max_round, MAX_ROUND)}")
     declared = {t.name: t.numel for t in header.tensors}
     if declared != dict(expected):
         raise Refusal("size-mismatch", f"state has tensors {declared}, we expect {dict(expected)}")
@@ -107,4 +121,53 @@ async def receive_state(
         finally:
             await receiver.close()
     await expect_end(read)
+    await asyncio.get_running_loop().run_in_executor(executor, check_ranges, tensors)
     return PeerState(header.round, header.data_position, tensors, dict(header.extra))
+
+
+def check_ranges(tensors: Mapping[str, torch.Tensor]) -> None:
+    """θ and m finite and of a sane size (see the module doc); ``Refusal`` otherwise."""
+    norms = {name: float(t.double().norm()) for name, t in tensors.items()}
+    for name, norm in norms.items():
+        if not math.isfinite(norm):
+            raise Refusal("non-finite", f"state tensor {name} has NaN, infinite or huge values")
+    theta, numel = norms.get("theta"), tensors["theta"].numel() if "theta" in tensors else 0
+    if theta is None:
+        return
+    if numel and theta / math.sqrt(numel) > MAX_THETA_RMS:
+        raise Refusal("state-range", f"θ has RMS {theta / math.sqrt(numel):.3g}")
+    momentum = norms.get("outer_momentum", 0.0)
+    if momentum > MAX_MOMENTUM_RATIO * theta:
+        raise Refusal("state-range", f"‖m‖ = {momentum:.3g} is over 10 · ‖θ‖ = {theta:.3g}")
+
+
+StateProvider = Callable[[], PeerState | Awaitable[PeerState]]
+
+
+class StateSource:
+    """One snapshot of our state per round, shared by every concurrent GetState.
+
+    A provider copies θ and m (a snapshot, the training thread goes on); without this each
+    caller made its own copy, so 64 unread fetches held 64 copies. The snapshot is taken
+    on the first request of a round and dropped when the round changes.
+    """
+
+    def __init__(self, provider: StateProvider) -> None:
+        self._provider = provider
+        self._cached: tuple[int | None, asyncio.Future[PeerState]] | None = None
+
+    async def get(self, round_: int | None) -> PeerState:
+        if self._cached is None or self._cached[0] != round_ or self._failed():
+            fut = asyncio.ensure_future(self._take())
+            self._cached = (round_, fut)
+        return await asyncio.shield(self._cached[1])
+
+    def _failed(self) -> bool:
+        fut = self._cached[1] if self._cached is not None else None
+        return fut is not None and fut.done() and (fut.cancelled() or fut.exception() is not None)
+
+    async def _take(self) -> PeerState:
+        state = self._provider()
+        if inspect.isawaitable(state):
+            state = await state
+        return state

@@ -41,6 +41,15 @@ from gaslocd.net.validation import PeerRefused, Refusal, reason_from_details
 Write = Callable[[bytes], Awaitable[None]]
 Read = Callable[[], Awaitable[object]]
 _T = TypeVar("_T")
+# How a call ends when the other side aborted, reset or finished it under us: grpc.aio
+# raises any of these from read/write (InvalidStateError: "RPC already finished"). The
+# exchange with that peer fails with a counted reason; nothing else does.
+PEER_GONE = (
+    grpc.aio.AbortError,
+    grpc.aio.AioRpcError,
+    grpc.aio.UsageError,
+    asyncio.InvalidStateError,
+)
 
 
 def _u8(t: torch.Tensor) -> np.ndarray:

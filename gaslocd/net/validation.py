@@ -4,8 +4,10 @@ Every refusal is a :class:`Refusal`: a stable short *reason* (a metric label), t
 status code the refusing side answers with, and a human detail. The status details
 string is ``"<reason>: <detail>"`` so the other side can count the reason too.
 
-The order of the header checks is deliberate: the token first (a caller without the
-run's secret learns nothing else, not even whether the run id or round was right), then
+Before any message is read, the call itself was authenticated from its metadata
+(:mod:`gaslocd.net.auth`: run credential, sender's signature, freshness), so a caller
+without the run's secret learns nothing, not even whether the run id or round was right.
+The order of the message checks: the sender field against the authenticated caller,
 what is static for the run (run id, fingerprint), then the round and partner (done by the
 rendezvous, which may wait for our round to open), then the payload description (codec,
 sizes, chunking). Sizes are compared with what *we* know (our own numel): nothing is ever
@@ -14,19 +16,20 @@ allocated from a size the peer declares.
 
 from __future__ import annotations
 
-import hmac
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from gaslocd.config import WireConfig
+from gaslocd.net.auth import REFUSAL_REASONS
 from gaslocd.net.codecs import CODEC_NAMES, Codec, get_codec
+from gaslocd.net.frames import MalformedMessage, parse_chunk
 from gaslocd.net.proto import peer_pb2 as pb
 
 _CODES: dict[str, grpc.StatusCode] = {
-    "token-missing": grpc.StatusCode.UNAUTHENTICATED,
-    "token-wrong": grpc.StatusCode.UNAUTHENTICATED,
     "wrong-run": grpc.StatusCode.FAILED_PRECONDITION,
     "fingerprint": grpc.StatusCode.FAILED_PRECONDITION,
     "stale-round": grpc.StatusCode.FAILED_PRECONDITION,
@@ -50,8 +53,10 @@ _CODES: dict[str, grpc.StatusCode] = {
     "norm-bound": grpc.StatusCode.INVALID_ARGUMENT,
     "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
     "no-state": grpc.StatusCode.UNAVAILABLE,
+    "state-range": grpc.StatusCode.INVALID_ARGUMENT,
 }
 REASONS = tuple(_CODES)
+M = TypeVar("M", bound=Message)
 
 
 class Refusal(Exception):
@@ -84,22 +89,26 @@ class PeerRefused(Exception):
 
 
 def reason_from_details(details: str | None) -> str:
-    """The reason a peer gave in its status details (``"other"`` if it gave none we know)."""
+    """The reason a peer gave in its status details (``"other"`` if it gave none we know):
+    a message check's, or its gate's (credentials, limits: ``auth.REFUSAL_REASONS``)."""
     head = (details or "").split(":", 1)[0].strip()
-    return head if head in _CODES else "other"
+    return head if head in _CODES or head in REFUSAL_REASONS else "other"
 
 
 @dataclass
 class WireStats:
     """Plain counters; the daemon exports them (``gasloc_*_total``). Loop-thread only.
 
-    ``rejected[reason]``: messages *we* refused. ``failures[reason]``: partner exchanges
-    of a round that produced no usable θ̃_j, by why (``deadline``, ``unavailable``,
-    ``refused:<reason>`` when the peer refused us, ``rejected:<reason>`` when we refused
-    it, ...). Bytes count what crossed the wire (encoded), in both roles.
+    ``rejected[reason]``: messages *we* refused. ``refused[reason]``: calls the server's
+    gate ended before reading anything (credentials, per-caller limits; ``auth``).
+    ``failures[reason]``: partner exchanges of a round that produced no usable θ̃_j, by
+    why (``deadline``, ``unavailable``, ``refused:<reason>`` when the peer refused us,
+    ``rejected:<reason>`` when we refused it, ...). Bytes count what crossed the wire
+    (encoded), in both roles.
     """
 
     rejected: Counter[str] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)  # calls ended by the gate
     failures: Counter[str] = field(default_factory=Counter)
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -109,21 +118,12 @@ class WireStats:
         """A JSON-friendly copy."""
         return {
             "rejected": dict(self.rejected),
+            "refused": dict(self.refused),
             "failures": dict(self.failures),
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
             "exchanges_ok": self.exchanges_ok,
         }
-
-
-def check_token(expected: str, given: bytes) -> None:
-    """Constant-time token check; an empty expected token disables it (loopback only)."""
-    if not expected:
-        return
-    if not given:
-        raise Refusal("token-missing", "this run requires a join token")
-    if not hmac.compare_digest(expected.encode(), given):
-        raise Refusal("token-wrong", "the join token does not match")
 
 
 @dataclass(frozen=True)
@@ -135,9 +135,16 @@ class Identity:
     fingerprint: str
 
 
-def check_static(config: WireConfig, me: Identity, token: bytes, run_id: str, fp: str) -> None:
-    """Token, run id and model fingerprint: the checks that do not depend on the round."""
-    check_token(config.token, token)
+def check_sender(claimed: str, authenticated: str) -> None:
+    """A message's sender field must be the peer whose key signed the call."""
+    if claimed != authenticated:
+        raise Refusal(
+            "wrong-sender", f"the call is from {authenticated[:64]!r}, not {claimed[:64]!r}"
+        )
+
+
+def check_static(me: Identity, run_id: str, fp: str) -> None:
+    """Run id and model fingerprint: the checks that do not depend on the round."""
     if run_id != me.run_id:
         raise Refusal("wrong-run", f"this peer is in run {me.run_id!r}, not {run_id!r}")
     if fp != me.fingerprint:
@@ -168,3 +175,24 @@ def check_payload(
             f"chunk_bytes {header.chunk_bytes} not in (0, {config.max_chunk_bytes}]",
         )
     return codec
+
+
+def parse_request(kind: type[M], raw: bytes) -> M:
+    """A unary request decoded, or refused as malformed."""
+    try:
+        return kind.FromString(raw)
+    except DecodeError as exc:
+        raise Refusal("malformed", f"not a {kind.__name__}: {exc}") from None
+
+
+def exchange_header_of(raw: object) -> pb.ExchangeHeader:
+    """The first message of an Exchange as its header, or refused."""
+    if not isinstance(raw, bytes):
+        raise Refusal("truncated", "the stream ended before its header")
+    try:
+        parsed = parse_chunk(raw)
+    except MalformedMessage as exc:
+        raise Refusal("malformed", str(exc)) from None
+    if parsed.header is None:
+        raise Refusal("unexpected-message", f"a {parsed.kind} where a header was expected")
+    return parsed.header

@@ -6,14 +6,19 @@ is wrong in at least one way, so every one must be refused:
 
 - ``bytes``: random bytes as an Exchange message (one or several), or as a GetState /
   Status request;
-- ``header``: a well-formed Exchange header with one or more fields wrong (token missing
-  or wrong, another run, another model, a stale / far-future / absurd round, a sender that
-  is not the partner, unknown codec, wrong sizes, a zero or huge chunk size, a foreign
-  roster digest), followed by nothing or by data;
-- ``data``: a *correct* header that impersonates the acceptor's real partner in its next
-  round (an insider holding the token), followed by bad data: NaN, inf, huge values, a
-  θ̃ far from ours, too few bytes (truncated), too many (oversize), a chunk of the wrong
-  size, garbage where data belongs, or a second header.
+- ``header``: a well-formed Exchange header with one or more fields wrong (credentials
+  missing or with a wrong token, another run, another model, a stale / far-future /
+  absurd round, the partner's id claimed by the insider, unknown codec, wrong sizes, a
+  zero or huge chunk size, a foreign roster digest), followed by nothing or by data;
+- ``data``: a correct header of the insider for the acceptor's next round, followed by bad
+  data: NaN, inf, huge values, a θ̃ far from ours, too few bytes (truncated), too many
+  (oversize), a chunk of the wrong size, garbage where data belongs, or a second header.
+
+The attacker is an *insider*: it holds the run's token and a key of its own, so its calls
+pass the gate (``gaslocd.net.auth``) and reach the message checks. It cannot sign as the
+acceptor's real partner, so it is never that partner: its data is refused at the claim
+(``not-a-partner``). Bad data from the partner itself is tested against a server whose
+partner key the test holds (tests/net/test_wire_refusals.py).
 
 Random draws may miss a kind altogether (40 draws once held no ``data`` case), so
 :data:`SWEEP` holds one fixed case of every kind, and of every method for ``bytes``; the
@@ -39,6 +44,7 @@ import grpc
 import torch
 from hypothesis import strategies as st
 
+from gaslocd.net.auth import CallAuth, Metadata
 from gaslocd.net.client import EXCHANGE, GET_STATE, STATUS
 from gaslocd.net.codecs import chunk_spans, get_codec
 from gaslocd.net.frames import frame_data, frame_header, parse_chunk
@@ -61,6 +67,8 @@ class Target:
     fingerprint: str
     numel: int
     partner: str  # the peer id of its real partner, which dials it (partner < acceptor)
+    peer_id: str  # the acceptor's own
+    insider: CallAuth  # the attacker's credentials: the token and a key of its own
 
 
 @dataclass
@@ -161,20 +169,15 @@ def _header(target: Target, round_: int, faults: tuple[str, ...], rng: random.Ra
     fields: dict[str, object] = {
         "run_id": target.run_id,
         "round": round_,
-        "sender": target.partner,
+        "sender": target.insider.my_peer_id,
         "fingerprint": target.fingerprint,
         "codec": "fp32",
         "numel": target.numel,
         "encoded_nbytes": codec.encoded_nbytes(target.numel),
         "chunk_bytes": CHUNK,
-        "token": target.token.encode(),
     }
     for fault in faults:
-        if fault == "token-missing":
-            fields["token"] = b""
-        elif fault == "token-wrong":
-            fields["token"] = rng.randbytes(rng.randint(1, 40))
-        elif fault == "wrong-run":
+        if fault == "wrong-run":
             fields["run_id"] = target.run_id + "-other"
         elif fault == "fingerprint":
             fields["fingerprint"] = "f" * rng.randint(0, 80)
@@ -186,8 +189,8 @@ def _header(target: Target, round_: int, faults: tuple[str, ...], rng: random.Ra
             fields["round"] = 2**64 - 1
         elif fault == "not-a-partner":
             fields["sender"] = "zz-" + rng.randbytes(8).hex()
-        elif fault == "impostor-self":
-            fields["sender"] = ""
+        elif fault == "impostor-self":  # the insider names the real partner as sender
+            fields["sender"] = target.partner
         elif fault == "unknown-codec":
             fields["codec"] = rng.choice(["fp8", "", "FP32", "pickle", "x" * 300])
         elif fault == "numel":
@@ -237,6 +240,20 @@ def _data(target: Target, fault: str, rng: random.Random) -> list[bytes]:
     return chunks
 
 
+def credentials_for(case: Case, target: Target, round_: int) -> Metadata:
+    """The insider's metadata for ``case``, or none / a wrong token's for those faults."""
+    method = case.method.rsplit("/", 1)[-1]
+    round_ = round_ + case.round_offset if case.kind != "bytes" else 0
+    if "token-missing" in case.header_faults:
+        return ()
+    auth = target.insider
+    if "token-wrong" in case.header_faults:
+        rng = random.Random(case.seed)
+        wrong = rng.randbytes(rng.randint(1, 40)).hex()
+        auth = CallAuth(target.run_id, wrong, auth.my_peer_id, None, lambda _p: None)
+    return auth.metadata(target.peer_id, method, round_)[0]
+
+
 def messages_for(case: Case, target: Target, round_: int) -> list[bytes]:
     rng = random.Random(case.seed)
     if case.kind == "bytes":
@@ -255,15 +272,18 @@ def _channel(address: str) -> grpc.aio.Channel:
 
 
 async def daemon_round(address: str, run_id: str, token: str, timeout_s: float = 10.0) -> int:
-    """The round the daemon has last opened for exchanges (Status)."""
+    """The round the daemon has last opened for exchanges (Status, as ``gaslocd status``)."""
+    metadata = CallAuth(run_id, token, "fuzz", None, lambda _p: None).metadata("", "Status")[0]
     async with _channel(address) as chan:
-        req = pb.StatusRequest(run_id=run_id, token=token.encode()).SerializeToString()
-        reply = await chan.unary_unary(STATUS)(req, timeout=timeout_s)
+        req = pb.StatusRequest(run_id=run_id).SerializeToString()
+        reply = await chan.unary_unary(STATUS)(req, timeout=timeout_s, metadata=metadata)
         return int(pb.StatusReply.FromString(reply).round)
 
 
-async def _exchange(chan: grpc.aio.Channel, messages: list[bytes]) -> tuple[grpc.StatusCode, str]:
-    call = chan.stream_stream(EXCHANGE)(timeout=CALL_TIMEOUT_S)
+async def _exchange(
+    chan: grpc.aio.Channel, messages: list[bytes], metadata: Metadata
+) -> tuple[grpc.StatusCode, str]:
+    call = chan.stream_stream(EXCHANGE)(timeout=CALL_TIMEOUT_S, metadata=metadata)
 
     async def send() -> None:
         with contextlib.suppress(Exception):
@@ -300,18 +320,19 @@ async def _exchange(chan: grpc.aio.Channel, messages: list[bytes]) -> tuple[grpc
 
 
 async def send_case(case: Case, target: Target, round_: int) -> Verdict:
+    metadata = credentials_for(case, target, round_)
     async with _channel(target.address) as chan:
         if case.method == EXCHANGE:
-            code, details = await _exchange(chan, messages_for(case, target, round_))
+            code, details = await _exchange(chan, messages_for(case, target, round_), metadata)
         else:
             try:
                 stream = case.method == GET_STATE
                 call = (chan.unary_stream if stream else chan.unary_unary)(case.method)
                 if stream:
-                    async for _ in call(case.request, timeout=CALL_TIMEOUT_S):  # type: ignore[union-attr]
+                    async for _ in call(case.request, timeout=CALL_TIMEOUT_S, metadata=metadata):  # type: ignore[union-attr]
                         pass
                 else:
-                    await call(case.request, timeout=CALL_TIMEOUT_S)  # type: ignore[misc]
+                    await call(case.request, timeout=CALL_TIMEOUT_S, metadata=metadata)  # type: ignore[misc]
                 code, details = grpc.StatusCode.OK, ""
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), exc.details() or ""

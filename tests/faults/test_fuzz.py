@@ -24,8 +24,11 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from hivemind.utils.crypto import RSAPrivateKey
 from hypothesis import HealthCheck, example, given, settings
 
+from gaslocd.net.auth import CallAuth
+from gaslocd.net.roster_auth import peer_id_of_owner
 from tests.daemon.procs import FAST_FLAGS, Daemon, start_first
 from tests.faults.fuzz import (
     SWEEP,
@@ -50,11 +53,15 @@ GRPC_CORE_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPL
 
 
 def _rejected(metrics_port: int) -> Counter[str]:
+    """Refusals by reason: of messages (the checks) and of calls (the gate)."""
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as reply:
         text = reply.read().decode()
-    found = re.findall(r'gasloc_rejected_messages_total\{reason="([^"]+)"\} (\S+)', text)
-    return Counter({reason: int(float(n)) for reason, n in found})
+    pattern = r'gasloc_(?:rejected_messages|calls_refused)_total\{reason="([^"]+)"\} (\S+)'
+    out: Counter[str] = Counter()
+    for reason, n in re.findall(pattern, text):
+        out[reason] += int(float(n))
+    return out
 
 
 def _wait_checkpoint(path: Path, timeout_s: float) -> dict[str, object]:
@@ -92,13 +99,20 @@ def test_fuzzed_daemon_refuses_counts_and_keeps_training(
     saved = _wait_checkpoint(tmp_path / f"c{acc}" / "checkpoint.pt", 60)
     theta = saved["theta"]
     assert isinstance(theta, torch.Tensor)
+    key = RSAPrivateKey()  # the insider's own: its id is its key's (a self-certified caller)
+    insider_id = peer_id_of_owner(key.get_public_key().to_bytes())
+    run_id = ids[acc].group(2)
     target = Target(
         address=ids[acc].group(3),
-        run_id=ids[acc].group(2),
+        run_id=run_id,
         token=TOKEN,
         fingerprint=str(saved["fingerprint"]),
         numel=theta.numel(),
         partner=partner,
+        peer_id=ids[acc].group(1),
+        insider=CallAuth(
+            run_id, TOKEN, insider_id, key, lambda _p: None, peer_id_of_key=peer_id_of_owner
+        ),
     )
     loop = asyncio.new_event_loop()
     try:

@@ -1,5 +1,6 @@
 """Ready notices between real gRPC servers on 127.0.0.1: a partner's "I finished my local
-steps" reaches the other, and a bad notice is refused, counted and remembered by no one."""
+steps" reaches the other, and a bad notice is refused, counted and remembered by no one.
+Credentials are test peer keys (``testkeys``)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 import torch
+from testkeys import auth_for
 
 from gaslocd.config import WireConfig
+from gaslocd.net.auth import Metadata
 from gaslocd.net.client import READY
 from gaslocd.net.proto import peer_pb2 as pb
+from gaslocd.net.rendezvous import ReadyBook
 from gaslocd.net.server import ExchangeServer
 from gaslocd.net.validation import Identity
 
@@ -25,8 +29,12 @@ RUN, FP = "ready-run", "fp-1"
 @contextlib.asynccontextmanager
 async def _pair() -> AsyncIterator[tuple[ExchangeServer, ExchangeServer, str]]:
     """Two live servers on 127.0.0.1 (a, b) and b's address; stopped on exit."""
-    a = ExchangeServer(WireConfig(token="t0k"), Identity(RUN, "peer-a", FP))
-    b = ExchangeServer(WireConfig(token="t0k"), Identity(RUN, "peer-b", FP))
+    a = ExchangeServer(
+        WireConfig(token="t0k"), Identity(RUN, "peer-a", FP), auth=auth_for(RUN, "peer-a", "t0k")
+    )
+    b = ExchangeServer(
+        WireConfig(token="t0k"), Identity(RUN, "peer-b", FP), auth=auth_for(RUN, "peer-b", "t0k")
+    )
     await a.start("127.0.0.1", 0)
     port = await b.start("127.0.0.1", 0)
     try:
@@ -36,19 +44,23 @@ async def _pair() -> AsyncIterator[tuple[ExchangeServer, ExchangeServer, str]]:
         await b.stop()
 
 
-async def _raw(address: str, payload: bytes) -> grpc.StatusCode:
+def _creds(sender: str = "peer-x", token: str = "t0k") -> Metadata:
+    return auth_for(RUN, sender, token).metadata("peer-b", "Ready")[0]
+
+
+async def _raw(address: str, payload: bytes, metadata: Metadata | None = None) -> grpc.StatusCode:
     """Send ``payload`` as a Ready request; the status code it gets back."""
     async with grpc.aio.insecure_channel(address) as channel:
         call = channel.unary_unary(READY)
         try:
-            await call(payload, timeout=5.0)
+            await call(payload, timeout=5.0, metadata=_creds() if metadata is None else metadata)
         except grpc.aio.AioRpcError as exc:
             return exc.code()
         return grpc.StatusCode.OK
 
 
 def _notice(**over: object) -> bytes:
-    fields: dict[str, object] = {"run_id": RUN, "round": 3, "sender": "peer-x", "token": b"t0k"}
+    fields: dict[str, object] = {"run_id": RUN, "round": 3, "sender": "peer-x"}
     fields.update(over)
     return pb.ReadyNotice(**fields).SerializeToString()  # type: ignore[arg-type]
 
@@ -71,9 +83,16 @@ def test_bad_notices_are_refused_counted_and_change_nothing() -> None:
         async with _pair() as (_, b, b_addr):
             # b has round 5 open: notices for earlier rounds are stale, far ones refused.
             await b.open_round(5, torch.zeros(4), {"peer-a": "127.0.0.1:1"})
+            for metadata in ((), _creds(token="nope")):  # no credentials, a wrong token
+                before = b.stats.refused["unauthenticated"]
+                code = await _raw(b_addr, _notice(round=5), metadata)
+                assert code == grpc.StatusCode.UNAUTHENTICATED
+                assert b.stats.refused["unauthenticated"] == before + 1
             cases = {
-                "token-wrong": (_notice(token=b"nope", round=5), grpc.StatusCode.UNAUTHENTICATED),
-                "token-missing": (_notice(token=b"", round=5), grpc.StatusCode.UNAUTHENTICATED),
+                "wrong-sender": (
+                    _notice(sender="peer-a", round=5),
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                ),
                 "wrong-run": (
                     _notice(run_id="other", round=5),
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -86,8 +105,6 @@ def test_bad_notices_are_refused_counted_and_change_nothing() -> None:
                 before = b.stats.rejected[reason]
                 assert await _raw(b_addr, payload) == code, reason
                 assert b.stats.rejected[reason] == before + 1, reason
-            empty = _notice(sender="", round=5)
-            assert await _raw(b_addr, empty) == grpc.StatusCode.INVALID_ARGUMENT
             assert not b.partners_ready(5, ["peer-x"])
             assert not b.partners_ready(4, ["peer-x"])
             # A good notice still gets through afterwards.
@@ -100,14 +117,18 @@ def test_bad_notices_are_refused_counted_and_change_nothing() -> None:
 def test_memory_of_notices_stays_bounded_under_a_flood() -> None:
     async def scenario() -> None:
         async with _pair() as (_, b, b_addr):
-            # No round open yet: any round is taken, but only the latest few are kept,
-            # and only so many senders per round.
+            # No round open yet: any round is taken, but only the latest few are kept.
             for r in range(40):
                 assert await _raw(b_addr, _notice(round=r)) == grpc.StatusCode.OK
-            for i in range(200):
-                assert await _raw(b_addr, _notice(round=39, sender=f"s{i}")) == grpc.StatusCode.OK
-            assert len(b._ready) <= 8
-            assert 0 < len(b._ready[39]) <= 64
+            assert len(b._ready._ready) <= 8
+            assert b.partners_ready(39, ["peer-x"])
             assert not b.partners_ready(0, ["peer-x"])
 
     asyncio.run(scenario())
+
+
+def test_ready_book_keeps_only_so_many_senders_per_round() -> None:
+    book = ReadyBook(per_round=64, rounds_kept=8)
+    for i in range(200):
+        book.add(39, f"s{i}", None, 1)
+    assert len(book._ready[39]) == 64

@@ -12,11 +12,13 @@ import grpc
 import pytest
 import torch
 import uvloop
+from testkeys import auth_for
 from wire_control import PeerProcess, start_peers
 from wire_peer import FINGERPRINT, RUN_ID, theta_of
 from wire_raw import data_messages, header, raw_exchange
 
 from gaslocd.config import WireConfig
+from gaslocd.net.auth import CallAuth
 from gaslocd.net.client import PeerClient
 from gaslocd.net.frames import frame_header
 from gaslocd.net.proto import peer_pb2 as pb
@@ -65,14 +67,12 @@ def test_three_peers_exchange_every_codec(trio: dict[str, PeerProcess], codec: s
 def test_get_state_and_status(trio: dict[str, PeerProcess]) -> None:
     async def scenario() -> None:
         config = WireConfig(token="tok")
+        me = Identity(RUN_ID, "newcomer", FINGERPRINT)
+        sizes = {"theta": TRIO_NUMEL, "outer_momentum": TRIO_NUMEL}
         with ThreadPoolExecutor(1) as pool:
-            client = PeerClient(
-                config, Identity(RUN_ID, "newcomer", FINGERPRINT), pool, WireStats()
-            )
+            client = PeerClient(config, me, pool, WireStats(), auth_for(RUN_ID, "newcomer"))
             try:
-                state = await client.fetch_state(
-                    trio["p1"].address, {"theta": TRIO_NUMEL, "outer_momentum": TRIO_NUMEL}, 30
-                )
+                state = await client.fetch_state(trio["p1"].address, sizes, 30, peer="p1")
                 theta = theta_of("p1", TRIO_NUMEL, 0)
                 assert torch.equal(state.tensors["theta"], theta)
                 assert torch.equal(state.tensors["outer_momentum"], 0.5 * theta)
@@ -81,18 +81,29 @@ def test_get_state_and_status(trio: dict[str, PeerProcess]) -> None:
                 reply = await client.status(trio["p1"].address, 10)
                 assert (reply.peer_id, reply.run_id, reply.fields["role"]) == ("p1", RUN_ID, "test")
                 # the generated stub talks to the server too (the wire is plain protobuf)
+                # (an operator's status: the run credential alone, no peer key, any target)
                 stub = peer_pb2_grpc.PeerStub(client.channel(trio["p2"].address))
-                reply = await stub.Status(pb.StatusRequest(run_id=RUN_ID, token=b"tok"), timeout=10)
+                status = CallAuth(RUN_ID, "tok", "op", None, lambda _p: None)
+                request = pb.StatusRequest(run_id=RUN_ID)
+                md = status.metadata("", "Status")[0]
+                reply = await stub.Status(request, timeout=10, metadata=md)
                 assert reply.peer_id == "p2"
+                for md in (
+                    (),
+                    CallAuth(RUN_ID, "bad", "op", None, lambda _p: None).metadata("", "Status")[0],
+                ):
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        await stub.Status(request, timeout=10, metadata=md)
+                    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                # a newcomer with the wrong token: refused before anything is streamed
+                bad = PeerClient(config, me, pool, WireStats(), auth_for(RUN_ID, "newcomer", "bad"))
                 with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await stub.Status(pb.StatusRequest(run_id=RUN_ID, token=b"bad"), timeout=10)
+                    await bad.fetch_state(trio["p1"].address, sizes, 10, peer="p1")
                 assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-                bad = PeerClient(
-                    WireConfig(token="bad"), Identity(RUN_ID, "x", FINGERPRINT), pool, WireStats()
-                )
+                # a sybil answering at p1's address for p2 cannot prove it is p2
                 with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await bad.fetch_state(trio["p1"].address, {"theta": TRIO_NUMEL}, 10)
-                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                    await client.fetch_state(trio["p1"].address, sizes, 10, peer="p2")
+                assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # wrong-target
                 await bad.close()
             finally:
                 await client.close()
@@ -171,6 +182,7 @@ def test_a_slow_reader_does_not_make_the_sender_buffer_the_model(
             stop_after_replies=30,
             hang_after_send=True,
             on_reply=sample,
+            target="b-big",
         )
     )
     assert result.replies == 30

@@ -2,7 +2,7 @@
 
 One server process (``b-srv``) accepts the partner ``a-evil`` round after round; the test
 plays ``a-evil`` (or an impostor) with hand-made bytes. A refusal *before* the call is
-bound to the partner's slot (bad token, wrong run, stale round, impostor, ...) must leave
+bound to the partner's slot (bad credentials, wrong run, stale round, impostor, ...) must leave
 the slot to the real partner: the test then sends a good exchange and checks that it
 arrives intact. A refusal *after* (bad data) ends the partner's exchange for the round.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,10 +19,12 @@ import grpc
 import pytest
 import torch
 import uvloop
+from testkeys import private_key, public_key_of
 from wire_control import PeerProcess
 from wire_peer import theta_of
-from wire_raw import data_messages, header, raw_exchange
+from wire_raw import credentials_for, data_messages, header, raw_exchange
 
+from gaslocd.net.auth import CallAuth, Metadata
 from gaslocd.net.frames import frame_data, frame_header
 
 pytestmark = [pytest.mark.net, pytest.mark.slow]
@@ -68,13 +71,19 @@ def _nan(r: int) -> list[bytes]:
 
 
 BEFORE_CLAIM: dict[str, tuple[Case, grpc.StatusCode]] = {
-    "token-wrong": (lambda r: _good(r, token=b"not-the-token"), grpc.StatusCode.UNAUTHENTICATED),
-    "token-missing": (lambda r: _good(r, token=b""), grpc.StatusCode.UNAUTHENTICATED),
     "wrong-run": (lambda r: _good(r, run_id="other-run"), grpc.StatusCode.FAILED_PRECONDITION),
     "fingerprint": (lambda r: _good(r, fingerprint="x"), grpc.StatusCode.FAILED_PRECONDITION),
     "stale-round": (lambda r: _good(r - 1), grpc.StatusCode.FAILED_PRECONDITION),
     "future-round": (lambda r: _good(r + 5), grpc.StatusCode.FAILED_PRECONDITION),
     "not-a-partner": (lambda r: _good(r, sender="a-stranger"), grpc.StatusCode.FAILED_PRECONDITION),
+    # the header names the partner, the call is signed by a-stranger's own key
+    "wrong-sender": (
+        lambda r: [
+            credentials_for(_good(r, sender="a-stranger"), "b-srv"),  # type: ignore[list-item]
+            *_good(r),
+        ],
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ),
     "malformed": (lambda r: [b"\xff\xff\xff\xff"], grpc.StatusCode.INVALID_ARGUMENT),
     "unexpected-message": (
         lambda r: data_messages(_theta(), CHUNK),
@@ -105,8 +114,11 @@ AFTER_CLAIM: dict[str, tuple[Case, grpc.StatusCode]] = {
 _round = iter(range(10, 10_000))
 
 
-def _exchange(address: str, messages: list[bytes]) -> tuple[grpc.StatusCode, str]:
-    result = uvloop.run(raw_exchange(address, messages, timeout_s=20))
+def _exchange(address: str, messages: list) -> tuple[grpc.StatusCode, str]:  # type: ignore[type-arg]
+    metadata = None
+    if messages and not isinstance(messages[0], bytes):  # a case with its own credentials
+        metadata, messages = messages[0], messages[1:]
+    result = uvloop.run(raw_exchange(address, messages, timeout_s=20, metadata=metadata))
     # The call's own status is the verdict too, unless grpc.aio lost it to a pending write
     # of ours (grpc/grpc#36066): then it reads INTERNAL and the in-band refusal is all we have.
     assert result.status in (result.code, grpc.StatusCode.INTERNAL), result
@@ -144,3 +156,67 @@ def test_refused_data_never_reaches_the_model(server: PeerProcess, reason: str) 
     assert done["model_after"] == done["model_before"]  # θ untouched
     assert done["stats"]["rejected"][reason] == rejected_before + 1
     assert done["elapsed_s"] < 10  # refused at once, not at the deadline
+
+
+def _as(peer: str, key_of: str | None = None, token: str = "tok", **kw: object) -> CallAuth:
+    """Credentials claiming ``peer``, signed with ``key_of``'s key (an insider's, say)."""
+    key = private_key(key_of or peer)
+    return CallAuth("test-run", token, peer, key, public_key_of, **kw)  # type: ignore[arg-type]
+
+
+def _creds(auth: CallAuth, r: int, target: str = "b-srv") -> Metadata:
+    return auth.metadata(target, "Exchange", r)[0]
+
+
+_replayed: dict[str, Metadata] = {}
+
+
+def _replay(r: int) -> Metadata:
+    """A blob the server has already seen (a refused stale call of the same round)."""
+    blob = _creds(_as("a-evil"), r)
+    uvloop.run(raw_exchange(SERVER_ADDRESS[0], _good(r - 1), timeout_s=20, metadata=blob))
+    return blob
+
+
+SERVER_ADDRESS: list[str] = []
+# Refused by the gate before any message is read: counted in stats["refused"].
+GATE: dict[str, tuple[Callable[[int], Metadata], grpc.StatusCode]] = {
+    "unauthenticated": (lambda r: (), grpc.StatusCode.UNAUTHENTICATED),  # no credentials
+    "unauthenticated-token": (
+        lambda r: _creds(_as("a-evil", token="not-the-token"), r),
+        grpc.StatusCode.UNAUTHENTICATED,
+    ),
+    "bad-signature": (  # an insider (token, own key) claiming the partner's id
+        lambda r: _creds(_as("a-evil", key_of="a-insider"), r),
+        grpc.StatusCode.PERMISSION_DENIED,
+    ),
+    "wrong-target": (
+        lambda r: _creds(_as("a-evil"), r, "c-other"),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ),
+    "clock-skew": (
+        lambda r: _creds(_as("a-evil", clock=lambda: time.time() - 600), r),
+        grpc.StatusCode.PERMISSION_DENIED,
+    ),
+    "replay": (_replay, grpc.StatusCode.PERMISSION_DENIED),
+}
+
+
+@pytest.mark.parametrize("case", list(GATE))
+def test_refused_at_the_gate(server: PeerProcess, case: str) -> None:
+    make, code = GATE[case]
+    reason = case.split("-token")[0]
+    r = next(_round)
+    SERVER_ADDRESS[:] = [server.address]
+    server.start_round(r, {"a-evil": "127.0.0.1:9"}, deadline_s=30)
+    refused_before = server.stats()["refused"].get(reason, 0)
+    blob = make(r)
+    result = uvloop.run(raw_exchange(server.address, _good(r), timeout_s=20, metadata=blob))
+    assert (result.code, result.details.split(":")[0]) == (code, reason), result
+    assert result.status in (code, grpc.StatusCode.INTERNAL), result  # grpc/grpc#36066
+    assert result.replies == 0  # nothing of the server's θ̃ went out
+    ok_code, ok_details = _exchange(server.address, _good(r))
+    assert ok_code == grpc.StatusCode.OK, ok_details
+    done = server.expect("round", 30)
+    assert done["outcomes"]["a-evil"]["ok"], done
+    assert done["stats"]["refused"][reason] == refused_before + 1

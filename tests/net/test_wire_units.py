@@ -8,7 +8,6 @@ from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-import grpc
 import pytest
 import torch
 
@@ -22,8 +21,8 @@ from gaslocd.net.validation import (
     Identity,
     Refusal,
     check_payload,
+    check_sender,
     check_static,
-    check_token,
     reason_from_details,
 )
 
@@ -63,25 +62,16 @@ def test_headers_and_garbage() -> None:
 # -- checks ----------------------------------------------------------------------------
 
 
-def test_token_check_is_strict_and_optional() -> None:
-    check_token("", b"")  # disabled
-    check_token("s3cret", b"s3cret")
-    with pytest.raises(Refusal) as missing:
-        check_token("s3cret", b"")
-    with pytest.raises(Refusal) as wrong:
-        check_token("s3cret", b"s3cre")
-    assert missing.value.reason == "token-missing" and wrong.value.reason == "token-wrong"
-    assert missing.value.code == wrong.value.code == grpc.StatusCode.UNAUTHENTICATED
-
-
 def test_static_checks_and_reasons() -> None:
     me = Identity("run", "me", "fp")
-    config = WireConfig(token="t")
-    check_static(config, me, b"t", "run", "fp")
+    check_static(me, "run", "fp")
     with pytest.raises(Refusal, match="wrong-run"):
-        check_static(config, me, b"t", "other", "fp")
+        check_static(me, "other", "fp")
     with pytest.raises(Refusal, match="fingerprint"):
-        check_static(config, me, b"t", "run", "other")
+        check_static(me, "run", "other")
+    check_sender("me", "me")
+    with pytest.raises(Refusal, match="wrong-sender"):
+        check_sender("someone-else", "me")
     with pytest.raises(ValueError):
         Refusal("no-such-reason")
     assert reason_from_details("norm-bound: too far") == "norm-bound"

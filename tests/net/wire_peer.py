@@ -23,6 +23,7 @@ import sys
 import time
 import zlib
 
+import testkeys
 import torch
 import uvloop
 
@@ -82,7 +83,11 @@ class Peer:
             tls_ca=args.tls_ca,
             tls_server_name=args.tls_server_name,
         )
-        self.server = ExchangeServer(config, Identity(RUN_ID, args.peer_id, FINGERPRINT))
+        self.server = ExchangeServer(
+            config,
+            Identity(RUN_ID, args.peer_id, FINGERPRINT),
+            auth=testkeys.auth_for(RUN_ID, args.peer_id, args.token),
+        )
         self.server.set_state_provider(self.state)
         self.server.set_status_provider(lambda: {"numel": args.numel, "role": "test"})
 

@@ -1,7 +1,9 @@
 """A hand-driven Exchange client for the tests: sends exactly the bytes a test wants.
 
 Built on the same framing as the real client, but nothing is checked on the way out, so a
-test can send a wrong token, a lying header, a NaN, too many bytes or garbage.
+test can send wrong credentials, a lying header, a NaN, too many bytes or garbage. The
+call's credentials are those of the header's sender (a test peer key, see ``testkeys``)
+for the header's round, unless the test passes its own ``metadata``.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+import testkeys
 import torch
 from wire_peer import FINGERPRINT, RUN_ID
 
+from gaslocd.net.auth import Metadata
 from gaslocd.net.client import EXCHANGE
 from gaslocd.net.codecs import CODEC_NAMES, chunk_spans, get_codec
 from gaslocd.net.frames import frame_data, parse_chunk
@@ -31,7 +35,6 @@ def header(numel: int, chunk_bytes: int, /, **overrides: object) -> pb.ExchangeH
         "numel": numel,
         "encoded_nbytes": get_codec(codec).encoded_nbytes(numel) if codec in CODEC_NAMES else 0,
         "chunk_bytes": chunk_bytes,
-        "token": b"tok",
     }
     fields.update(overrides)
     return pb.ExchangeHeader(**fields)  # type: ignore[arg-type]
@@ -67,15 +70,19 @@ async def raw_exchange(
     hang_after_send: bool = False,
     on_reply: object = None,
     credentials: grpc.ChannelCredentials | None = None,
+    target: str = "b-srv",
+    metadata: Metadata | None = None,
 ) -> RawResult:
     """Send ``messages`` as one Exchange call and read the replies; the call's status."""
+    if metadata is None:
+        metadata = credentials_for(messages, target)
     opts = [("grpc.max_receive_message_length", 8 << 20)]
     async with (
         grpc.aio.secure_channel(address, credentials, options=opts)
         if credentials is not None
         else grpc.aio.insecure_channel(address, options=opts)
     ) as channel:
-        call = channel.stream_stream(EXCHANGE)(timeout=timeout_s)
+        call = channel.stream_stream(EXCHANGE)(timeout=timeout_s, metadata=metadata)
 
         async def send() -> None:
             for m in messages:
@@ -119,6 +126,19 @@ async def raw_exchange(
                 grpc.StatusCode(_code_by_value[refusal.code]), verdict, status, replies
             )
         return RawResult(status, details or "", status, replies)
+
+
+def credentials_for(messages: Sequence[bytes], target: str, token: str = "tok") -> Metadata:
+    """Metadata of the first message's sender and round (``a-evil``, round 1 if none)."""
+    sender, round_ = "a-evil", 1
+    try:
+        head = parse_chunk(messages[0]).header if messages else None
+    except Exception:
+        head = None
+    if head is not None and head.sender:
+        sender, round_ = head.sender, head.round
+    auth = testkeys.auth_for(RUN_ID, sender, token)
+    return auth.metadata(target, "Exchange", round_)[0]
 
 
 _code_by_value = {c.value[0]: c.value for c in grpc.StatusCode}

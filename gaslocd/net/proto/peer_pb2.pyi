@@ -29,7 +29,7 @@ class Refusal(_message.Message):
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ExchangeHeader(_message.Message):
-    __slots__ = ("run_id", "round", "sender", "roster_digest", "fingerprint", "codec", "numel", "encoded_nbytes", "chunk_bytes", "token")
+    __slots__ = ("run_id", "round", "sender", "roster_digest", "fingerprint", "codec", "numel", "encoded_nbytes", "chunk_bytes")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
@@ -39,7 +39,6 @@ class ExchangeHeader(_message.Message):
     NUMEL_FIELD_NUMBER: _ClassVar[int]
     ENCODED_NBYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     sender: str
@@ -49,20 +48,17 @@ class ExchangeHeader(_message.Message):
     numel: int
     encoded_nbytes: int
     chunk_bytes: int
-    token: bytes
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., roster_digest: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., codec: _Optional[str] = ..., numel: _Optional[int] = ..., encoded_nbytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., roster_digest: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., codec: _Optional[str] = ..., numel: _Optional[int] = ..., encoded_nbytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class StateRequest(_message.Message):
-    __slots__ = ("run_id", "sender", "fingerprint", "token")
+    __slots__ = ("run_id", "sender", "fingerprint")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     sender: str
     fingerprint: str
-    token: bytes
-    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., fingerprint: _Optional[str] = ..., token: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
 class TensorInfo(_message.Message):
     __slots__ = ("name", "numel")
@@ -73,7 +69,7 @@ class TensorInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., numel: _Optional[int] = ...) -> None: ...
 
 class StateHeader(_message.Message):
-    __slots__ = ("run_id", "fingerprint", "round", "data_position", "tensors", "chunk_bytes", "extra", "token")
+    __slots__ = ("run_id", "fingerprint", "round", "data_position", "tensors", "chunk_bytes", "extra")
     class ExtraEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -88,7 +84,6 @@ class StateHeader(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     fingerprint: str
     round: int
@@ -96,28 +91,23 @@ class StateHeader(_message.Message):
     tensors: _containers.RepeatedCompositeFieldContainer[TensorInfo]
     chunk_bytes: int
     extra: _containers.ScalarMap[str, str]
-    token: bytes
-    def __init__(self, run_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., round: _Optional[int] = ..., data_position: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., chunk_bytes: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ..., token: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., round: _Optional[int] = ..., data_position: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., chunk_bytes: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ("run_id", "token")
+    __slots__ = ("run_id",)
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
-    token: bytes
-    def __init__(self, run_id: _Optional[str] = ..., token: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class ReadyNotice(_message.Message):
-    __slots__ = ("run_id", "round", "sender", "token")
+    __slots__ = ("run_id", "round", "sender")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     sender: str
-    token: bytes
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., token: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ...) -> None: ...
 
 class ReadyReply(_message.Message):
     __slots__ = ()

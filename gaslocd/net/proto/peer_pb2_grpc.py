@@ -76,7 +76,7 @@ class PeerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """A small summary for `gaslocd status`.
+        """A small summary for `gaslocd status` (authenticated by the run key alone).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
