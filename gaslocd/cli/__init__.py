@@ -20,6 +20,7 @@ from typing import Any
 from gaslocd import __version__
 from gaslocd.cli.daemons import JOIN_COMMAND, START_COMMAND, STATUS_COMMAND
 from gaslocd.cli.demo import DEMO_COMMAND
+from gaslocd.cli.export import EXPORT_COMMAND
 from gaslocd.cli.settings import BY_NAME
 from gaslocd.cli.simulate import SIMULATE_COMMAND
 from gaslocd.cli.sources import Command, add_command, add_flag, parse_args
@@ -34,6 +35,7 @@ COMMANDS: tuple[Command, ...] = (
     STATUS_COMMAND,
     DEMO_COMMAND,
     SIMULATE_COMMAND,
+    EXPORT_COMMAND,
 )
 _BY_COMMAND = {c.name: c for c in COMMANDS}
 

@@ -23,7 +23,8 @@ from gaslocd.cli import values as v
 from gaslocd.config import ALGOS, CODECS, TOPOLOGIES
 
 START, JOIN, STATUS, DEMO, SIMULATE = "start", "join", "status", "demo", "simulate"
-COMMANDS = (START, JOIN, STATUS, DEMO, SIMULATE)
+EXPORT = "export"
+COMMANDS = (START, JOIN, STATUS, DEMO, SIMULATE, EXPORT)
 ALL = frozenset(COMMANDS)
 DAEMONS = frozenset({START, JOIN})
 TRAINERS = DAEMONS | {DEMO, SIMULATE}
@@ -84,6 +85,7 @@ _STATE = "state and output"
 _SIM = "simulated network"
 _DEMO = "demo"
 _STATUS = "status"
+_EXPORT = "export"
 
 _S = Setting
 SETTINGS: tuple[Setting, ...] = (
@@ -227,6 +229,15 @@ SETTINGS: tuple[Setting, ...] = (
        _STATUS, flag="--timeout", metavar="S"),
     _S("status_json", v.parse_bool, False, "print JSON instead of text", frozenset({STATUS}),
        _STATUS, kind="switch", flag="--json"),
+    # -- export ----------------------------------------------------------------------
+    _S("export_checkpoint", v.path, None, "a checkpoint file, or the --checkpoint-dir "
+       "holding checkpoint.pt", frozenset({EXPORT}), _EXPORT, positional=True,
+       metavar="CHECKPOINT"),
+    _S("export_out", v.path, None, "folder to write the model into", frozenset({EXPORT}),
+       _EXPORT, flag="--out", metavar="DIR", shown_default="required"),
+    _S("export_format", v.text_value, "safetensors", "safetensors (any model, our names) "
+       "or hf (a built-in model as a transformers Llama)", frozenset({EXPORT}), _EXPORT,
+       flag="--format", choices=("safetensors", "hf")),
 )  # fmt: skip
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

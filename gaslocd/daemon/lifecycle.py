@@ -47,6 +47,7 @@ from gaslocd.net.validation import Identity, WireStats
 from gaslocd.protocol.policy import RoundPolicy
 from gaslocd.train.checkpoint import CheckpointError
 from gaslocd.train.data import load_corpus
+from gaslocd.train.export import SPEC_KEY, ModelSpec
 from gaslocd.train.model import count_parameters
 from gaslocd.train.worker import Worker, checkpoint_worker_index, worker_index_for
 
@@ -91,6 +92,7 @@ class Daemon:
     def run(self) -> int:
         """Start the child processes, then the event loop; returns the exit status."""
         corpus = load_corpus(self.train.data)
+        self._spec = ModelSpec(self.train.model, corpus.vocab_size, self.train.seq_len)
         numel = count_parameters(
             self.train.model, vocab_size=corpus.vocab_size, seq_len=self.train.seq_len
         )
@@ -329,6 +331,7 @@ class Daemon:
         directory = Path(self.cfg.checkpoint_dir or ".")
         directory.mkdir(parents=True, exist_ok=True)
         extra = {"run_id": self.cfg.run_id, "peer_id": self.me, "saved_at": time.time()}
+        extra[SPEC_KEY] = self._spec.to_extra()  # what `gaslocd export` rebuilds the model from
         path = await self._runtime().thread.call(self.state.save, directory, extra)
         log.info("checkpoint of round %d written to %s", self.state.round, path)
 

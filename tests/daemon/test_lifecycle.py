@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gaslocd.cli import main
 from tests.daemon.procs import start_first
 
 pytestmark = [pytest.mark.net, pytest.mark.slow]
@@ -54,3 +55,6 @@ def test_a_second_signal_exits_promptly_and_keeps_a_whole_checkpoint(
     assert saved["round"] >= 1
     assert torch.isfinite(saved["theta"]).all()
     assert not [p.name for p in ckpt.iterdir() if p.name.endswith(".tmp")]
+    if when == "at once":  # a daemon's checkpoint records its model: it can be exported
+        assert main(["export", str(ckpt), "--out", str(tmp_path / "model")]) == 0
+        assert (tmp_path / "model" / "model.safetensors").stat().st_size > 0
