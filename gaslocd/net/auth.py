@@ -201,8 +201,8 @@ class CallAuth:
         md = _as_dict(metadata)
         try:
             values = [_text(md, k) for k in _FIELDS]
-            sender, target, run, method, round_, time_ms, nonce = values
-            claim = Claim(sender, target, run, method, int(round_), int(time_ms), nonce)
+            sender, target, run, called, round_, time_ms, nonce = values
+            claim = Claim(sender, target, run, called, int(round_), int(time_ms), nonce)
         except ValueError:
             raise AuthFailure("unauthenticated", "malformed call metadata") from None
         mac = _text(md, "mac")
