@@ -43,7 +43,7 @@ RUN python3 -m venv /opt/gaslocd \
 COPY pyproject.toml README.md /tmp/src/
 COPY gaslocd /tmp/src/gaslocd
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir /tmp/src && rm -rf /tmp/src
+RUN pip install --no-cache-dir "/tmp/src[export]" && rm -rf /tmp/src
 COPY --chmod=0755 deploy/gaslocd-compose.sh /usr/local/bin/gaslocd-compose
 # Non-root (uid 10001); the directories exist in the image so that named volumes mounted there start
 # owned by this user.

@@ -24,6 +24,7 @@ from gaslocd.cli.export import EXPORT_COMMAND
 from gaslocd.cli.settings import BY_NAME
 from gaslocd.cli.simulate import SIMULATE_COMMAND
 from gaslocd.cli.sources import Command, add_command, add_flag, parse_args
+from gaslocd.cli.tokenize import TOKENIZE_COMMAND
 
 __all__ = ["COMMANDS", "EXIT_USAGE", "build_parser", "main", "parse"]
 
@@ -36,6 +37,7 @@ COMMANDS: tuple[Command, ...] = (
     DEMO_COMMAND,
     SIMULATE_COMMAND,
     EXPORT_COMMAND,
+    TOKENIZE_COMMAND,
 )
 _BY_COMMAND = {c.name: c for c in COMMANDS}
 

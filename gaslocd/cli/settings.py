@@ -23,8 +23,8 @@ from gaslocd.cli import values as v
 from gaslocd.config import ALGOS, CODECS, TOPOLOGIES
 
 START, JOIN, STATUS, DEMO, SIMULATE = "start", "join", "status", "demo", "simulate"
-EXPORT = "export"
-COMMANDS = (START, JOIN, STATUS, DEMO, SIMULATE, EXPORT)
+EXPORT, TOKENIZE = "export", "tokenize"
+COMMANDS = (START, JOIN, STATUS, DEMO, SIMULATE, EXPORT, TOKENIZE)
 ALL = frozenset(COMMANDS)
 DAEMONS = frozenset({START, JOIN})
 TRAINERS = DAEMONS | {DEMO, SIMULATE}
@@ -86,6 +86,7 @@ _SIM = "simulated network"
 _DEMO = "demo"
 _STATUS = "status"
 _EXPORT = "export"
+_TOKENIZE = "tokenize"
 
 _S = Setting
 SETTINGS: tuple[Setting, ...] = (
@@ -238,6 +239,16 @@ SETTINGS: tuple[Setting, ...] = (
     _S("export_format", v.text_value, "safetensors", "safetensors (any model, our names) "
        "or hf (a built-in model as a transformers Llama)", frozenset({EXPORT}), _EXPORT,
        flag="--format", choices=("safetensors", "hf")),
+    # -- tokenize --------------------------------------------------------------------
+    _S("tokenize_source", v.path, None, "a .txt/.md/.jsonl/.parquet/.arrow file, or a folder "
+       "of them", frozenset({TOKENIZE}), _TOKENIZE, positional=True, metavar="DOCUMENTS"),
+    _S("tokenizer", v.path, None, "a Hugging Face tokenizers file (tokenizer.json)",
+       frozenset({TOKENIZE}), _TOKENIZE, metavar="FILE", shown_default="required"),
+    _S("tokenize_out", v.path, None, "folder for train.bin, val.bin and meta.json (then "
+       "pass it as --data)", frozenset({TOKENIZE}), _TOKENIZE, flag="--out", metavar="DIR",
+       shown_default="required"),
+    _S("text_field", v.text_value, "text", "the field holding a document's text in .jsonl, "
+       ".parquet and .arrow rows", frozenset({TOKENIZE}), _TOKENIZE),
 )  # fmt: skip
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -4,17 +4,18 @@ Corpora (``load_corpus``):
 
 - ``None`` — the built-in corpus: the ``.py`` sources of the running Python's standard
   library (``sysconfig.get_paths()["stdlib"]``, without ``site-packages``), in sorted order,
-  capped at ``max_bytes``. Every machine has it and nothing is downloaded; machines with
-  different Python versions get somewhat different text, which decentralized training
-  tolerates (each worker samples its own stream anyway).
+  its first ``max_bytes`` (32 MiB) only. Every machine has it and nothing is downloaded;
+  machines with different Python versions get somewhat different text, which
+  decentralized training tolerates (each worker samples its own stream anyway).
 - a text file, or a folder of text files (recursively, sorted by path; hidden entries and
-  files containing a NUL byte — binaries — are skipped), byte-level tokenized, capped at
-  ``max_bytes``.
-- nanoGPT-style pre-tokenized shards of little-endian uint16: a single ``.bin`` file, or a
-  folder holding ``train.bin`` (and optionally ``val.bin``). They are memory-mapped (never
-  read whole, so ``max_bytes`` does not apply). The vocabulary size is ``vocab_size`` from
-  an optional ``meta.json`` next to the shards, else the largest token + 1 rounded up to a
-  multiple of 64 (nanoGPT's ``meta.pkl`` is a pickle and is deliberately not read).
+  files containing a NUL byte — binaries — are skipped), byte-level tokenized, read whole
+  (never cut); above ``text_limit`` (256 MiB) it is refused with its size.
+- pre-tokenized shards of little-endian uint16 or uint32 (nanoGPT's layout, and what
+  ``gaslocd tokenize`` writes): a single ``.bin`` file, or a folder holding ``train.bin``
+  (and optionally ``val.bin``). They are memory-mapped, never read whole. ``meta.json``
+  next to the shards gives ``vocab_size`` and ``dtype`` (uint16 when absent); without it
+  the vocabulary is the largest token + 1 rounded up to a multiple of 64 (nanoGPT's
+  ``meta.pkl`` is a pickle and is deliberately not read).
 
 Split rule: the validation split is the last 5% (rounded down) of every document — each
 file of a text corpus, the single ``.bin`` file — and the rest is training data, so the
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 VAL_FRACTION_DENOMINATOR = 20  # the last 1/20 = 5% of each document is held out
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+BUILTIN_BYTES = 32 * 2**20  # the built-in corpus is a sample of the stdlib sources
+TEXT_LIMIT_BYTES = 256 * 2**20  # a larger text corpus goes through `gaslocd tokenize`
 
 
 class ByteTokenizer:
@@ -67,10 +70,17 @@ class Corpus:
     source: str
 
 
-def load_corpus(path: str | None, *, max_bytes: int | None = 32 * 2**20) -> Corpus:
-    """Load a corpus; see the module docstring for what ``path`` may be."""
-    if max_bytes is not None and max_bytes < 1:
-        raise ValueError(f"max_bytes must be >= 1 or None, got {max_bytes}")
+def load_corpus(
+    path: str | None, *, max_bytes: int = BUILTIN_BYTES, text_limit: int = TEXT_LIMIT_BYTES
+) -> Corpus:
+    """Load a corpus; see the module docstring for what ``path`` may be.
+
+    ``max_bytes`` caps the built-in corpus (it is a sample anyway). A text corpus of the
+    user's is never cut: it is read whole up to ``text_limit`` bytes and refused above,
+    with its size, since text is held in memory and shards are memory-mapped.
+    """
+    if max_bytes < 1:
+        raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
     if path is None:
         stdlib = Path(sysconfig.get_paths()["stdlib"])
         files = _text_files(stdlib, suffix=".py")
@@ -82,11 +92,22 @@ def load_corpus(path: str | None, *, max_bytes: int | None = 32 * 2**20) -> Corp
     if root.is_file():
         if root.suffix == ".bin":
             return _bin_corpus(root, None)
-        return _text_corpus([root], max_bytes, str(root))
+        return _text_corpus(_within(text_limit, [root]), None, str(root))
     if (root / "train.bin").is_file():
         val = root / "val.bin"
         return _bin_corpus(root / "train.bin", val if val.is_file() else None)
-    return _text_corpus(_text_files(root, suffix=None), max_bytes, str(root))
+    return _text_corpus(_within(text_limit, _text_files(root, suffix=None)), None, str(root))
+
+
+def _within(limit: int, files: list[Path]) -> list[Path]:
+    total = sum(f.stat().st_size for f in files)
+    if total > limit:
+        raise ValueError(
+            f"the text corpus is {total / 2**20:.1f} MiB, more than the {limit / 2**20:.0f} "
+            "MiB read into memory: tokenize it into memory-mapped shards with "
+            "'gaslocd tokenize' and pass their folder as --data"
+        )
+    return files
 
 
 def _text_files(root: Path, *, suffix: str | None) -> list[Path]:
@@ -141,29 +162,30 @@ def _text_corpus(files: list[Path], max_bytes: int | None, source: str) -> Corpu
     )
 
 
-def _memmap_tokens(path: Path) -> np.ndarray:
-    size = path.stat().st_size
+def _memmap_tokens(path: Path, dtype: str) -> np.ndarray:
+    size, width = path.stat().st_size, np.dtype(dtype).itemsize
     if size == 0:
         raise ValueError(f"token shard {path} is empty")
-    if size % 2:
-        raise ValueError(f"token shard {path} has {size} bytes: not a whole number of uint16")
+    if size % width:
+        raise ValueError(f"token shard {path} has {size} bytes: not a whole number of {dtype}")
     # Copy-on-write mode: the file is never modified, and torch gets a writable array
     # (a read-only one makes torch.from_numpy warn).
-    return np.memmap(path, dtype="<u2", mode="c")
+    return np.memmap(path, dtype=f"<u{width}", mode="c")
 
 
 def _bin_corpus(train_path: Path, val_path: Path | None) -> Corpus:
-    tokens = _memmap_tokens(train_path)
+    meta = train_path.parent / "meta.json"
+    vocab, dtype = _read_meta(meta) if meta.is_file() else (None, "uint16")
+    tokens = _memmap_tokens(train_path, dtype)
     if val_path is None:
         cut = len(tokens) - len(tokens) // VAL_FRACTION_DENOMINATOR
         train, val = tokens[:cut], tokens[cut:]
     else:
-        train, val = tokens, _memmap_tokens(val_path)
+        train, val = tokens, _memmap_tokens(val_path, dtype)
     if len(val) == 0:
         raise ValueError(f"token shard {train_path} is too small to hold out a validation split")
-    meta = train_path.parent / "meta.json"
-    if meta.is_file():
-        vocab_size = _meta_vocab_size(meta)
+    if vocab is not None:
+        vocab_size = vocab
     else:
         # numpy, not torch: torch implements few reductions for uint16.
         largest = max(int(train.max()), int(val.max()))
@@ -180,14 +202,20 @@ def _bin_corpus(train_path: Path, val_path: Path | None) -> Corpus:
     )
 
 
-def _meta_vocab_size(meta: Path) -> int:
+def _read_meta(meta: Path) -> tuple[int, str]:
+    """``vocab_size`` and the shards' ``dtype`` (uint16 unless it says uint32)."""
     try:
-        value: Any = json.loads(meta.read_text())["vocab_size"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        obj: Any = json.loads(meta.read_text())
+        value, dtype = obj["vocab_size"], obj.get("dtype", "uint16")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{meta} must be JSON with an integer 'vocab_size': {exc}") from exc
     if not isinstance(value, int) or value < 1:
         raise ValueError(f"{meta}: vocab_size must be an integer >= 1, got {value!r}")
-    return value
+    if dtype not in ("uint16", "uint32"):
+        raise ValueError(f"{meta}: dtype must be uint16 or uint32, got {dtype!r}")
+    if dtype == "uint16" and value > 2**16:
+        raise ValueError(f"{meta}: a vocabulary of {value} needs dtype uint32 shards")
+    return value, dtype
 
 
 def _stream_seed(*parts: object) -> int:

@@ -20,6 +20,7 @@ from torch import nn
 from gaslocd.config import TrainConfig
 from gaslocd.train.data import BatchSampler
 from gaslocd.train.flat import FlatParameters
+from gaslocd.train.model import model_loss
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,7 @@ class InnerTrainer:
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
         self.optimizer.zero_grad(set_to_none=True)
-        _, loss = self.model(x, y)
-        if loss is None:
-            raise TypeError("model returned no loss although targets were given")
+        loss = model_loss(self.model, x, y)
         # .item() waits for the device each step; that is the price of refusing a bad loss
         # before anything is applied, and is small next to a step of a real model.
         value = loss.item()
@@ -142,9 +141,7 @@ class InnerTrainer:
         try:
             total = 0.0
             for x, y in batches:
-                _, loss = self.model(x.to(self.device), y.to(self.device))
-                if loss is None:
-                    raise TypeError("model returned no loss although targets were given")
+                loss = model_loss(self.model, x.to(self.device), y.to(self.device))
                 total += loss.item()
         finally:
             self.model.train()

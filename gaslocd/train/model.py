@@ -29,11 +29,18 @@ machine and device. The linear and embedding layers skip torch's own init for th
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import inspect
 import logging
 import math
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -270,6 +277,9 @@ class Llama(nn.Module):
         return logits, loss
 
 
+_FORMS = "'package.module:function' or 'path/to/file.py:function'"
+
+
 def _known() -> str:
     return ", ".join(MODEL_CONFIGS)
 
@@ -277,27 +287,86 @@ def _known() -> str:
 def model_config(spec: str, *, vocab_size: int, seq_len: int) -> ModelConfig:
     """The named config with the data's vocabulary and the run's sequence length."""
     if spec not in MODEL_CONFIGS:
-        raise ValueError(
-            f"unknown model {spec!r}: use one of {_known()} or a factory 'package.module:function'"
-        )
+        raise ValueError(f"unknown model {spec!r}: use one of {_known()} or a factory {_FORMS}")
     return replace(MODEL_CONFIGS[spec], vocab_size=vocab_size, max_seq_len=seq_len)
 
 
-def _factory(spec: str) -> Callable[..., object]:
-    """Import ``package.module:function``; every failure becomes a readable ValueError."""
-    module_name, _, fn_name = spec.partition(":")
-    if not module_name or not fn_name:
-        raise ValueError(
-            f"unknown model {spec!r}: use one of {_known()} or a factory 'package.module:function'"
-        )
+def _import_module(module_name: str) -> Any:
+    """A factory's module: by import name (the current directory included, as ``python``
+    itself would), or from a ``.py`` file path."""
+    if module_name.endswith(".py"):
+        path = Path(module_name).expanduser().resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"no such file: {path}")
+        name = f"gaslocd_factory_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+        if name in sys.modules:
+            return sys.modules[name]
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise ImportError(f"cannot load {path} as a module")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name.split(".")[0] or os.getcwd() in sys.path:
+            raise
+        sys.path.insert(0, os.getcwd())  # `python -m gaslocd` does this; the script does not
+        return importlib.import_module(module_name)
+
+
+def _factory(spec: str) -> Callable[..., object]:
+    """Import ``package.module:function`` or ``path/to/file.py:function``; every failure
+    becomes a readable ValueError."""
+    module_name, _, fn_name = spec.rpartition(":")
+    if not module_name or not fn_name:
+        raise ValueError(f"unknown model {spec!r}: use one of {_known()} or a factory {_FORMS}")
+    try:
+        module = _import_module(module_name)
     except Exception as exc:  # any import-time failure of user code, not only ImportError
         raise ValueError(f"model factory {spec!r}: cannot import {module_name!r}: {exc}") from exc
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise ValueError(f"model factory {spec!r}: {module_name!r} has no callable {fn_name!r}")
     return fn
+
+
+def _takes_labels(model: nn.Module) -> bool:
+    """Whether ``model`` has the Hugging Face forward, ``forward(input_ids, labels=...)``."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "input_ids" in params and "labels" in params
+
+
+def model_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The mean next-token loss of ``model`` on inputs ``x`` and targets ``y`` (B, T).
+
+    Two forward contracts are accepted: ours, ``forward(tokens, targets)`` returning
+    ``(logits, loss)``, and the Hugging Face one, ``forward(input_ids=..., labels=...)``
+    returning an output with ``.loss``. A Hugging Face model shifts the labels itself,
+    so it gets ``labels=x``: the same next-token targets, less the window's last one.
+    """
+    if _takes_labels(model):
+        out = model(input_ids=x, labels=x)
+        loss = out["loss"] if isinstance(out, Mapping) else getattr(out, "loss", None)
+    else:
+        out = model(x, y)
+        loss = out[1] if isinstance(out, tuple) and len(out) == 2 else getattr(out, "loss", None)
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(
+            f"{type(model).__name__} returned no loss: a model must return (logits, loss) "
+            "from forward(tokens, targets), or an output with .loss from "
+            "forward(input_ids=..., labels=...)"
+        )
+    return loss
 
 
 def _call_factory(spec: str, vocab_size: int, seq_len: int) -> nn.Module:

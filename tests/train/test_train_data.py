@@ -60,11 +60,33 @@ def test_folder_is_read_sorted_recursively_skipping_binaries_and_hidden(tmp_path
     assert corpus.train.dtype == torch.uint8
 
 
-def test_max_bytes_caps_the_corpus(tmp_path: Path) -> None:
+def test_a_text_corpus_is_never_cut_and_too_large_a_one_is_refused(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text(_text(1000))
     (tmp_path / "b.txt").write_text(_text(1000, seed=1))
-    corpus = load_corpus(str(tmp_path), max_bytes=1500)
+    corpus = load_corpus(str(tmp_path), max_bytes=1500)  # caps only the built-in corpus
+    assert len(corpus.train) + len(corpus.val) == 2000
+    with pytest.raises(ValueError, match=r"0\.0 MiB.*gaslocd tokenize"):
+        load_corpus(str(tmp_path), text_limit=1999)
+
+
+def test_the_builtin_corpus_is_capped(tmp_path: Path) -> None:
+    corpus = load_corpus(None, max_bytes=1500)
     assert len(corpus.train) + len(corpus.val) == 1500
+
+
+def test_uint32_shards_with_their_meta(tmp_path: Path) -> None:
+    tokens = (np.arange(4000, dtype="<u4") * 37) % 100_000
+    tokens.tofile(tmp_path / "train.bin")
+    tokens[:500].tofile(tmp_path / "val.bin")
+    (tmp_path / "meta.json").write_text('{"vocab_size": 100000, "dtype": "uint32"}')
+    corpus = load_corpus(str(tmp_path))
+    assert corpus.vocab_size == 100_000 and len(corpus.train) == 4000
+    assert int(corpus.train[-1]) == int(tokens[-1])  # read as uint32, not two uint16
+    x, y = BatchSampler(corpus.train, batch_size=2, seq_len=8, seed=0, worker=0).next_batch()
+    assert int(x.max()) < 100_000 and torch.equal(x[:, 1:], y[:, :-1])
+    (tmp_path / "meta.json").write_text('{"vocab_size": 100000}')
+    with pytest.raises(ValueError, match="needs dtype uint32"):
+        load_corpus(str(tmp_path))
 
 
 def test_single_bin_shard(tmp_path: Path) -> None:
