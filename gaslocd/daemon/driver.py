@@ -84,14 +84,14 @@ class RoundDriver:
             roster=setup.plan.roster if setup.plan is not None else (rt.me,),
             exchange_s=exchange_s,
             tokens=len(losses) * rt.state.trainer.tokens_per_step,
+            clipped=mixed.clipped,
+            rollbacks=dict(rt.state.rollbacks),
         )
         rt.progress(rt.telemetry.finish_round(outcome, rt.links, rt.state.round))
 
     async def _train(self, setup: RoundSetup) -> list[float]:
         rt = self.rt
-        losses = await rt.thread.call(
-            rt.state.trainer.train_steps, setup.inner_steps, rt.thread.should_stop
-        )
+        losses = await rt.thread.call(rt.state.train, setup.inner_steps, rt.thread.should_stop)
         if rt.state.trainer.last_step_s is not None and losses:
             rt.links.record_step_time(rt.state.trainer.last_step_s)
         return losses
@@ -126,7 +126,7 @@ class RoundDriver:
             ready = rt.server.partners_ready(setup.round, partners)
             return rt.thread.should_stop() or fill.done(rt.clock(), ready)
 
-        return await rt.thread.call(rt.state.trainer.train_steps, fill.room, enough)
+        return await rt.thread.call(rt.state.train, fill.room, enough)
 
     async def _evaluate_if_due(self) -> float | None:
         rt = self.rt

@@ -51,6 +51,7 @@ EXCHANGE_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 
 # alert rules have a series before anything went wrong. Others appear when they happen.
 KNOWN_FAILURES = ("deadline", "unavailable", "peer-gone", "stream-broken", "allreduce")
 KNOWN_REJECTS = ("wrong-sender", "wrong-run", "fingerprint", "non-finite", "state-range")
+KNOWN_ROLLBACKS = ("non-finite-loss", "non-finite-outer")
 MAX_REASONS = 64  # distinct label values per counter; the rest are counted as "other"
 _REASON_RE = re.compile(r"[a-z0-9][a-z0-9_:-]{0,47}")
 
@@ -133,6 +134,24 @@ class _WireCollector(Collector):
         rounds.add_metric([], t.rounds)
         yield _refused_family(s)
         yield from (sent, received, ok, failures, rejected, idle, time_spent, tokens, rounds)
+        yield from _robust_families(t)
+
+
+def _robust_families(t: DaemonMetrics) -> Iterator[Metric]:
+    """What robust mixing and the non-finite guard did (docs/design.md §1)."""
+    clipped = CounterMetricFamily(
+        "gasloc_clipped_exchanges",
+        "Partner θ̃ that robust mixing pulled in to the trust radius before mixing",
+    )
+    clipped.add_metric([], t.clipped)
+    rollbacks = CounterMetricFamily(
+        "gasloc_rollbacks",
+        "Rounds whose local result was thrown away (θ back to the round's start), by reason",
+        labels=["reason"],
+    )
+    for reason, n in _bounded(t.rollbacks.items(), KNOWN_ROLLBACKS).items():
+        rollbacks.add_metric([reason], n)
+    yield from (clipped, rollbacks)
 
 
 class DaemonMetrics:
@@ -159,6 +178,8 @@ class DaemonMetrics:
         self.tokens = 0
         self.rounds = 0
         self.extra_failures: dict[str, int] = {}
+        self.clipped = 0
+        self.rollbacks: dict[str, int] = {}
         r.register(_WireCollector(stats, self))
         Info("gasloc_build", "gaslocd build and run identity", registry=r).info(
             {

@@ -34,6 +34,7 @@ class MixResult:
     # The exchange's time by activity (wait_ready, transfer, slow_link); the outer step
     # and bookkeeping are the driver's "other".
     parts: dict[str, float] = field(default_factory=dict)
+    clipped: int = 0  # partners whose θ̃ robust mixing pulled in to the trust radius
 
 
 class Mixer(Protocol):
@@ -96,8 +97,23 @@ class GossipMixer:
         counted = counted_exchanges(received, refused_ours)
         row = mixing_row(setup, me, counted)
         used = {p: received[p] for p in counted}
-        consensus = await rt.thread.call(rt.state.outer_update, row, used, me, rt.algo.outer)
-        return MixResult(consensus if used else None, len(used), row, self._parts(elapsed, slowest))
+        result = await rt.thread.call(rt.state.outer_update, row, used, me, rt.algo.outer)
+        clip = result.clip
+        for peer in clip.clipped:
+            log.warning(
+                "round %d: clipped %s's θ̃ (distance %.4g > trust radius %.4g)",
+                setup.round,
+                peer,
+                clip.distances[peer],
+                clip.radius,
+            )
+        return MixResult(
+            result.consensus if used else None,
+            len(used),
+            row,
+            self._parts(elapsed, slowest),
+            clipped=len(clip.clipped),
+        )
 
     def _parts(self, elapsed: float, slowest: ExchangeResult | None) -> dict[str, float]:
         """The exchange phase by activity: the partner that finished last sets it (the

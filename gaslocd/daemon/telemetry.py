@@ -30,6 +30,8 @@ class RoundOutcome:
     roster: tuple[str, ...]  # the sorted roster the row refers to
     exchange_s: float
     tokens: int
+    clipped: int = 0  # partners robust mixing clipped this round
+    rollbacks: dict[str, int] | None = None  # the worker's thrown-away rounds so far, by reason
 
 
 class Telemetry:
@@ -44,6 +46,9 @@ class Telemetry:
     def finish_round(self, out: RoundOutcome, links: LinkEstimates, round_now: int) -> str:
         """Record the round everywhere; returns its progress line."""
         self.metrics.tokens += out.tokens
+        self.metrics.clipped += out.clipped
+        if out.rollbacks is not None:
+            self.metrics.rollbacks = dict(out.rollbacks)
         self.metrics.exchange_seconds.observe(out.exchange_s)
         line = self.runlog.add(out, self.stats)
         self._export(out, links, round_now)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,12 @@ from typing import Any
 import torch
 
 from gaslocd.algorithm.outer import mix, outer_step_, pairwise_consensus
+from gaslocd.algorithm.robust import ClipReport, TrustConfig, TrustRadius, all_finite, distance
 from gaslocd.config import OuterConfig, TrainConfig
 from gaslocd.train.checkpoint import build_payload, load_checkpoint, save_checkpoint
 from gaslocd.train.data import BatchSampler, Corpus, fixed_batches
 from gaslocd.train.flat import FlatParameters, model_fingerprint
-from gaslocd.train.inner import InnerTrainer
+from gaslocd.train.inner import InnerTrainer, NonFiniteLossError
 from gaslocd.train.model import build_model
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,20 @@ class Snapshot:
     data_position: int
 
 
+@dataclass(frozen=True)
+class OuterResult:
+    """What one outer step did: the consensus distance to the partners' θ̃ as received,
+    and what robust mixing clipped."""
+
+    consensus: float
+    clip: ClipReport
+
+
+# Why a round's local result was thrown away (θ back to the round's start), as counted.
+NON_FINITE_LOSS = "non-finite-loss"
+NON_FINITE_OUTER = "non-finite-outer"
+
+
 class Worker:
     """θ, m, the inner trainer and the data stream of one worker.
 
@@ -72,6 +88,7 @@ class Worker:
         corpus: Corpus,
         worker_index: int,
         eval_batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        trust: TrustConfig | None = None,
     ) -> None:
         self.train_config = train
         self.worker_index = worker_index
@@ -95,6 +112,9 @@ class Worker:
         self.theta_start = self.flat.clone()  # θ at the start of `round`
         self.round = 0
         self.lock = threading.Lock()
+        self.trust = TrustRadius(trust)  # robust mixing's memory (docs/design.md §1)
+        self.rollbacks: Counter[str] = Counter()  # local results thrown away, by reason
+        self.rolled_back = False  # this round's local steps were thrown away
 
     @property
     def numel(self) -> int:
@@ -106,6 +126,29 @@ class Worker:
         """Make the live parameters the round's starting point (they already are, after
         an outer step; after loading state they are copied in here)."""
         self.flat.load_(self.theta_start)
+        self.rolled_back = False
+
+    def train(self, steps: int, should_stop: Callable[[], bool] | None = None) -> list[float]:
+        """Up to ``steps`` inner steps; their losses. Both drivers train through here.
+
+        A non-finite loss or gradient (a poisoned θ, a bad batch) must not end the run:
+        θ goes back to the round's start, which keeps everything trained before this
+        round, the round's θ̃ is that θ (Δ = 0), and the reason is counted in
+        ``rollbacks``. The AdamW moments of the round's earlier steps stay (copying them
+        every round would cost two models' worth of memory traffic); the failed step
+        itself was never applied.
+        """
+        if self.rolled_back:
+            return []
+        try:
+            return self.trainer.train_steps(steps, should_stop)
+        except NonFiniteLossError as exc:
+            log.warning("%s: θ goes back to the start of round %d", exc, self.round)
+            with self.lock:
+                self.flat.load_(self.theta_start)
+            self.rolled_back = True
+            self.rollbacks[NON_FINITE_LOSS] += 1
+            return []
 
     def outer_update(
         self,
@@ -113,20 +156,30 @@ class Worker:
         received: Mapping[str, torch.Tensor],
         me: str,
         cfg: OuterConfig,
-    ) -> float:
-        """Mix θ̃ with the partners' and take the outer step; returns the consensus distance.
+    ) -> OuterResult:
+        """Mix θ̃ with the partners' and take the outer step.
 
         ``received`` must hold exactly the partners in ``weights`` other than ``me``.
+        Each partner's θ̃ is first clipped to the trust radius (robust mixing,
+        :mod:`gaslocd.algorithm.robust`); W is applied unchanged. A step that would make
+        θ non-finite is not taken: θ stays, m restarts from zero, and it is counted.
         """
         tilde = self.flat.flat
         consensus = pairwise_consensus(tilde, received)
-        mixed = mix(weights, {**received, me: tilde})
+        change = abs(float(tilde.norm()) - float(self.theta_start.norm()))
+        used, report = self.trust.clip(tilde, received, distance(self.theta_start, tilde), change)
+        mixed = mix(weights, {**used, me: tilde})
         with self.lock:
             self.flat.load_(self.theta_start)
             outer_step_(self.flat.flat, self.momentum, mixed, cfg)
+            if not all_finite(self.flat.flat):
+                log.warning("round %d: the outer step made θ non-finite; not taken", self.round)
+                self.flat.load_(self.theta_start)
+                self.momentum.zero_()
+                self.rollbacks[NON_FINITE_OUTER] += 1
             self.theta_start = self.flat.clone()
             self.round += 1
-        return consensus
+        return OuterResult(consensus, report)
 
     def outer_update_from_average(self, average_delta: torch.Tensor, cfg: OuterConfig) -> None:
         """DiLoCo: the outer step on the all-reduced pseudo-gradient Δ̄ = mean(θ − θ̃)."""
