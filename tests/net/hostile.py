@@ -15,7 +15,9 @@ check what an honest client gives away.
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +26,7 @@ import torch
 
 from gaslocd.net.auth import AuthFailure, CallAuth, Claim
 from gaslocd.net.codecs import chunk_spans, get_codec
-from gaslocd.net.frames import frame_data, frame_header, frame_state_header
+from gaslocd.net.frames import frame_data, frame_header, frame_state_header, parse_chunk
 from gaslocd.net.proto import peer_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Peer"].full_name
@@ -50,6 +52,7 @@ class HostilePeer(grpc.GenericRpcHandler):
         self.state_round = 5
         self.momentum_scale = 1.0
         self.seen: list[bytes] = []
+        self.calls: Counter[str] = Counter()  # authenticated calls by method
         self.server: grpc.aio.Server | None = None
 
     async def start(self) -> str:
@@ -73,6 +76,8 @@ class HostilePeer(grpc.GenericRpcHandler):
             if self.verify:
                 return None
             claim = Claim("?", "?", "?", name, 0, 0, "")
+        else:
+            self.calls[name] += 1
         if name == "Exchange":
 
             async def exchange(_req: object, ctx: grpc.aio.ServicerContext) -> None:
@@ -114,6 +119,10 @@ class HostilePeer(grpc.GenericRpcHandler):
         first = await ctx.read()
         if isinstance(first, bytes):
             self.seen.append(first)
+            with contextlib.suppress(Exception):  # answer with the caller's sizes
+                head = parse_chunk(first).header
+                if head is not None and head.numel:
+                    self.numel, self.chunk_bytes = head.numel, head.chunk_bytes
         if mode == "capture":
             while isinstance(msg := await ctx.read(), bytes):
                 self.seen.append(msg)
