@@ -49,6 +49,7 @@ DESIGN_METRICS = {
     "gasloc_link_bandwidth_bytes_per_second": "gauge",
     "gasloc_exchange_failures": "counter",
     "gasloc_rejected_messages": "counter",
+    "gasloc_calls_refused": "counter",  # the gRPC gate's refusals, label `reason`
 }
 
 
