@@ -128,15 +128,10 @@ class ExchangeServer:
             "Exchange": Method(self._exchange, True, True),
             "GetState": Method(self._get_state, False, True),
             "Status": Method(
-                self._status,
-                False,
-                False,
-                pb.StatusReply.SerializeToString,
-                signed=False,
-                open_target=True,
+                self._status, False, False, pb.StatusReply.SerializeToString, False, True
             ),
             "Ready": Method(
-                self._ready_notice, False, False, pb.ReadyReply.SerializeToString, open_target=True
+                self._ready_notice, False, False, pb.ReadyReply.SerializeToString, True, True
             ),
         }
         gate = CallGate(SERVICE, methods, self.auth, self.stats.refused, self.limits)
@@ -383,7 +378,12 @@ class ExchangeServer:
             await self._refuse(context, refusal)
             return
         state = await self._state.get(self._board.latest_round if self._board else None)
-        sent = await send_state(context.write, state, self.me, self.config, self._executor)
+        try:  # a caller that stops reading holds one of the few GetState slots: bounded
+            async with asyncio.timeout(self.config.accept_wait_s):
+                sent = await send_state(context.write, state, self.me, self.config, self._executor)
+        except TimeoutError:
+            await self._refuse(context, Refusal("timeout", "the state was not read in time"))
+            return
         self.stats.bytes_sent += sent
 
     async def _status(
