@@ -96,6 +96,9 @@ class AlgoConfig:
         return self
 
 
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The local (inner) training: model, data and AdamW settings."""
@@ -110,9 +113,28 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_batches: int = 8
     seed: int = 0
+    # After the warm-up: constant, or a cosine/linear decay to lr_floor·inner_lr at
+    # total_steps (inner steps of this worker, resumed with its checkpoint).
+    lr_schedule: str = "constant"
+    total_steps: int | None = None
+    lr_floor: float = 0.1
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model must name a config (tiny, small, 134m, 551m) or pkg.mod:fn")
+        _check(
+            self.lr_schedule in LR_SCHEDULES,
+            f"lr schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}",
+        )
+        _check(
+            self.lr_schedule == "constant" or (self.total_steps or 0) > self.warmup_steps,
+            f"a {self.lr_schedule} schedule needs --total-steps above the warm-up "
+            f"({self.warmup_steps}), got {self.total_steps}: set it, or bound the run "
+            "(--max-rounds / --rounds) so it can be derived",
+        )
+        _check(
+            math.isfinite(self.lr_floor) and 0 <= self.lr_floor <= 1,
+            f"lr floor must be in [0, 1] (a fraction of --inner-lr), got {self.lr_floor!r}",
+        )
         _check(self.data is None or bool(self.data), "data path must not be empty")
         _check(self.seq_len >= 2, f"seq_len must be >= 2, got {self.seq_len}")
         _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")

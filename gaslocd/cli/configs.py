@@ -83,8 +83,21 @@ def algo_config(resolved: Mapping[str, Any]) -> AlgoConfig:
 
 
 def train_config(resolved: Mapping[str, Any]) -> TrainConfig:
-    """The inner training."""
-    return TrainConfig(**config_fields("train", resolved))
+    """The inner training; ``--lr-schedule auto`` decays over a bounded run's budget.
+
+    The budget of a bounded run is its rounds times H_base (``--rounds`` for demo and
+    simulate, ``--max-rounds`` for a daemon, whose absolute round count and checkpointed
+    step count make a resumed daemon continue the same schedule).
+    """
+    kwargs = config_fields("train", resolved)
+    schedule, total = resolved.get("lr_schedule", "constant"), resolved.get("total_steps")
+    rounds = resolved.get("rounds") or resolved.get("max_rounds") or 0
+    if total is None and schedule != "constant" and rounds:
+        total = rounds * algo_config(resolved).resolved().inner_steps
+    if schedule == "auto":  # a budget within the warm-up has nothing left to decay
+        warmup = kwargs.get("warmup_steps", TrainConfig.warmup_steps)
+        schedule = "cosine" if total and total > warmup else "constant"
+    return TrainConfig(**kwargs, lr_schedule=schedule, total_steps=total)
 
 
 def daemon_config(resolved: Mapping[str, Any]) -> DaemonConfig:

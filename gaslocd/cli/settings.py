@@ -128,6 +128,14 @@ SETTINGS: tuple[Setting, ...] = (
        fields=("train.weight_decay",)),
     _S("warmup_steps", v.integer, 50, "linear LR warm-up, in inner steps", TRAINERS, _TRAIN,
        fields=("train.warmup_steps",)),
+    _S("lr_schedule", v.text_value, "auto", "inner LR after the warm-up: constant, or a "
+       "cosine/linear decay to --lr-floor at --total-steps (auto: cosine when the run is "
+       "bounded or --total-steps is set, else constant)", TRAINERS, _TRAIN,
+       choices=("auto", "constant", "cosine", "linear")),
+    _S("total_steps", v.positive_int, None, "inner steps the LR decays over", TRAINERS,
+       _TRAIN, shown_default="rounds × --inner-steps of a bounded run"),
+    _S("lr_floor", v.number, 0.1, "the decayed LR, as a fraction of --inner-lr", TRAINERS,
+       _TRAIN, fields=("train.lr_floor",)),
     _S("eval_batches", v.positive_int, 8, "held-out batches per validation loss", TRAINERS,
        _TRAIN, fields=("train.eval_batches",)),
     _S("seed", v.integer, 0, "seed of init, data streams and pairings", TRAINERS, _TRAIN,

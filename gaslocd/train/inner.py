@@ -35,6 +35,26 @@ class NonFiniteLossError(RuntimeError):
     """
 
 
+def lr_factor(cfg: TrainConfig, step: int) -> float:
+    """The fraction of ``inner_lr`` at inner step ``step`` (0-based).
+
+    Linear warm-up over ``warmup_steps``; then constant, or a cosine or linear decay from
+    1 to ``lr_floor`` reached at ``total_steps`` and held after (filling the wait and
+    adaptive H can take a worker past the planned budget).
+    """
+    warmup = cfg.warmup_steps
+    if step < warmup:
+        return (step + 1) / warmup
+    if cfg.lr_schedule == "constant" or cfg.total_steps is None:
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, cfg.total_steps - warmup))
+    if cfg.lr_schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        decay = 1.0 - progress
+    return cfg.lr_floor + (1.0 - cfg.lr_floor) * decay
+
+
 class InnerTrainer:
     """AdamW with linear warmup then a constant rate, gradient clipping, and a resumable state.
 
@@ -71,11 +91,8 @@ class InnerTrainer:
         return self.sampler.batch_size * self.sampler.seq_len
 
     def _lr(self, step: int) -> float:
-        """Learning rate of step ``step`` (0-based): linear warmup, then constant."""
-        warmup = self.cfg.warmup_steps
-        if warmup == 0:
-            return self.cfg.inner_lr
-        return self.cfg.inner_lr * min(1.0, (step + 1) / warmup)
+        """Learning rate of step ``step`` (0-based): linear warm-up, then the schedule."""
+        return self.cfg.inner_lr * lr_factor(self.cfg, step)
 
     def train_steps(self, n: int, should_stop: Callable[[], bool] | None = None) -> list[float]:
         """Run up to ``n`` steps; return their losses. ``should_stop`` is checked before each.
