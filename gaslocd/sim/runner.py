@@ -126,8 +126,8 @@ class Simulation:
         losses: list[float] = []
         for k, w in enumerate(self.workers):
             w.begin_round()
-            losses += w.trainer.train_steps(state.planned[k])
-            losses += w.trainer.train_steps(state.filled[k])  # filling the wait: real steps
+            losses += w.train(state.planned[k])  # a non-finite loss rolls the round back
+            losses += w.train(state.filled[k])  # filling the wait: real steps
             offer = w.flat.flat if state.group is None else w.theta_start - w.flat.flat
             self.transport.post(state.round, self.roster[k], offer)
         return losses
