@@ -322,7 +322,9 @@ class DaemonConfig:
     # if there is a checkpoint dir, else a fresh key per start (see identity_file).
     identity: str | None = None
     checkpoint_every: int = 10
-    resume: bool = False
+    resume: bool = False  # True: insist; a checkpoint in checkpoint_dir is resumed anyway
+    fresh: bool = False  # start over: an existing checkpoint is moved aside, not resumed
+    keep_checkpoints: int = 2  # the newest and the one before (checkpoint.pt.1)
     metrics_port: int | None = None
     # /metrics tells anyone who can read it the run id, peer id and traffic: loopback
     # unless the operator says otherwise (a Prometheus in another container needs 0.0.0.0).
@@ -384,6 +386,11 @@ class DaemonConfig:
         _check(
             not self.resume or self.checkpoint_dir is not None,
             "--resume needs --checkpoint-dir (where the checkpoint is)",
+        )
+        _check(not (self.resume and self.fresh), "--resume and --fresh contradict each other")
+        _check(
+            self.keep_checkpoints >= 1,
+            f"keep checkpoints must be >= 1, got {self.keep_checkpoints}",
         )
         _check(
             self.max_rounds >= 0, f"max rounds must be >= 0 (0: no limit), got {self.max_rounds}"

@@ -194,8 +194,15 @@ SETTINGS: tuple[Setting, ...] = (
        DAEMONS, _STATE, fields=("daemon.identity",), metavar="FILE"),
     _S("checkpoint_every", v.positive_int, 10, "rounds between checkpoints (one is also "
        "written on exit)", DAEMONS, _STATE, fields=("daemon.checkpoint_every",)),
-    _S("resume", v.parse_bool, False, "continue from the checkpoint in --checkpoint-dir",
-       DAEMONS, _STATE, kind="switch", fields=("daemon.resume",)),
+    _S("resume", v.parse_bool, False, "insist on continuing from the checkpoint in "
+       "--checkpoint-dir (one found there is resumed anyway)", DAEMONS, _STATE,
+       kind="switch", fields=("daemon.resume",)),
+    _S("fresh", v.parse_bool, False, "start over although --checkpoint-dir holds a "
+       "checkpoint (it is moved aside to previous-<time>/, never deleted)", DAEMONS, _STATE,
+       kind="switch", fields=("daemon.fresh",)),
+    _S("keep_checkpoints", v.positive_int, 2, "checkpoints kept (the older ones as "
+       "checkpoint.pt.1, …); a damaged newest one falls back to the previous", DAEMONS,
+       _STATE, fields=("daemon.keep_checkpoints",)),
     _S("metrics_port", v.integer, None, "serve Prometheus metrics on this port (0: a free "
        "one)", DAEMONS, _STATE, fields=("daemon.metrics_port",)),
     _S("metrics_host", v.text_value, "127.0.0.1", "address the metrics listen on (0.0.0.0: "

@@ -16,7 +16,6 @@ signal handlers that were installed before the daemon ran are restored when it r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import time
@@ -30,12 +29,21 @@ import uvloop
 
 from gaslocd import __version__
 from gaslocd.config import AlgoConfig, DaemonConfig, TrainConfig, WireConfig
+from gaslocd.daemon.checkpoints import prepare as prepare_checkpoints
 from gaslocd.daemon.driver import RoundDriver
 from gaslocd.daemon.membership import Membership, StartupError
 from gaslocd.daemon.metrics import DaemonMetrics
 from gaslocd.daemon.mixing import AllReduceMixer, GossipMixer, Mixer
 from gaslocd.daemon.report import RunLog
 from gaslocd.daemon.runtime import Runtime, call_auth
+from gaslocd.daemon.signals import (
+    SIGNALS,
+    Hurry,
+    current_handlers,
+    hurry,
+    restore_handlers,
+    set_handlers,
+)
 from gaslocd.daemon.telemetry import Telemetry
 from gaslocd.daemon.worker import TrainingThread
 from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
@@ -56,8 +64,6 @@ __all__ = ["EXIT_OK", "EXIT_STARTUP", "Daemon", "StartupError"]
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_STARTUP = 0, 3
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
 class Daemon:
@@ -91,6 +97,9 @@ class Daemon:
 
     def run(self) -> int:
         """Start the child processes, then the event loop; returns the exit status."""
+        self.cfg, note = prepare_checkpoints(self.cfg)
+        if note:
+            self.progress(note)
         corpus = load_corpus(self.train.data)
         self._spec = ModelSpec(self.train.model, corpus.vocab_size, self.train.seq_len)
         numel = count_parameters(
@@ -121,7 +130,7 @@ class Daemon:
         except (DiscoveryError, AllReduceFailed) as exc:
             self.discovery.shutdown()
             raise StartupError(str(exc)) from exc
-        previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+        previous = current_handlers()
         try:
             self.me = self.discovery.peer_id
             worker_index = worker_index_for(self.me)
@@ -145,7 +154,7 @@ class Daemon:
             return uvloop.run(self._main_coroutine())
         finally:
             self._stop_children()
-            _restore_handlers(previous)
+            restore_handlers(previous)
 
     def _stop_children(self) -> None:
         """Stop the averager and DHT processes; a signal meanwhile makes it a kill.
@@ -153,16 +162,16 @@ class Daemon:
         The event loop's handlers are gone by now, so without this a signal in the few
         seconds a graceful child stop can take would kill the daemon with the default
         action instead of exiting 0."""
-        _set_handlers(_hurry)
+        set_handlers(hurry)
         try:
             if self._late_signal:
-                raise _Hurry
+                raise Hurry
             if self.allreduce is not None:
                 self.allreduce.shutdown()
             self.discovery.shutdown()
-        except _Hurry:
+        except Hurry:
             log.warning("signal while stopping the DHT: killing it")
-            _set_handlers(signal.SIG_IGN)
+            set_handlers(signal.SIG_IGN)
             if self.allreduce is not None:
                 self.allreduce.shutdown(quick=True)
             self.discovery.shutdown(quick=True)
@@ -198,7 +207,7 @@ class Daemon:
         self._main = asyncio.current_task()
         self._force = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in _SIGNALS:
+        for sig in SIGNALS:
             loop.add_signal_handler(sig, self._on_signal)
         self.rt = rt = self._build_runtime()
         started = False
@@ -223,7 +232,7 @@ class Daemon:
             # the default action (remove_signal_handler installs SIG_DFL: a signal then
             # kills with -15), and never raising inside the closing loop, which breaks it.
             # The loop finds its entries already replaced when it closes and leaves them.
-            _set_handlers(self._note_late_signal)
+            set_handlers(self._note_late_signal)
 
     def _on_signal(self) -> None:
         self._signals += 1
@@ -296,7 +305,9 @@ class Daemon:
     async def _restore(self) -> None:
         directory = Path(self.cfg.checkpoint_dir or ".")
         try:
-            await self._runtime().thread.call(self.state.restore, directory)
+            await self._runtime().thread.call(
+                self.state.restore, directory, self.cfg.keep_checkpoints
+            )
         except CheckpointError as exc:
             raise StartupError(f"cannot resume: {exc}") from exc
         self.progress(f"resumed from {directory} at round {self.state.round}")
@@ -332,7 +343,8 @@ class Daemon:
         directory.mkdir(parents=True, exist_ok=True)
         extra = {"run_id": self.cfg.run_id, "peer_id": self.me, "saved_at": time.time()}
         extra[SPEC_KEY] = self._spec.to_extra()  # what `gaslocd export` rebuilds the model from
-        path = await self._runtime().thread.call(self.state.save, directory, extra)
+        keep = self.cfg.keep_checkpoints
+        path = await self._runtime().thread.call(self.state.save, directory, extra, keep)
         log.info("checkpoint of round %d written to %s", self.state.round, path)
 
     # -- shutdown ------------------------------------------------------------------------
@@ -396,24 +408,3 @@ class Daemon:
             "algo": asdict(self.algo),
             "train": asdict(self.train),
         }
-
-
-class _Hurry(Exception):
-    """A signal after the event loop's handlers are gone: finish stopping, quickly."""
-
-
-def _hurry(_signum: int, _frame: FrameType | None) -> None:
-    raise _Hurry
-
-
-def _set_handlers(handler: _Handler) -> None:
-    for sig in _SIGNALS:
-        with contextlib.suppress(ValueError):  # not the main thread: the embedder's choice
-            signal.signal(sig, handler)
-
-
-def _restore_handlers(previous: dict[signal.Signals, _Handler]) -> None:
-    """Put back the handlers the embedding program had before :meth:`Daemon.run`."""
-    for sig, handler in previous.items():
-        with contextlib.suppress(ValueError, TypeError):  # not the main thread, or None
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

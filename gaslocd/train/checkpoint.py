@@ -26,6 +26,7 @@ the old checkpoint or the new one at ``path``, never a truncated mix.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import tempfile
@@ -84,8 +85,37 @@ def _check_plain(value: object, where: str) -> None:
         )
 
 
-def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` atomically (see the module docstring)."""
+def older_copies(path: Path, keep: int) -> list[Path]:
+    """``path`` and the older copies rotation keeps beside it, newest first."""
+    return [path] + [path.with_name(f"{path.name}.{i}") for i in range(1, keep)]
+
+
+def _rotate(path: Path, keep: int) -> None:
+    """Shift ``path.1`` → ``path.2`` …, then hard-link ``path`` as ``path.1``.
+
+    A link, not a rename: ``path`` itself stays in place until the new file replaces it,
+    so a crash at any point still leaves a whole checkpoint under ``path``.
+    """
+    copies = older_copies(path, keep)
+    if keep < 2 or not path.exists():
+        return
+    for newer, older in reversed(list(itertools.pairwise(copies[1:]))):
+        if newer.exists():
+            os.replace(newer, older)
+    copies[1].unlink(missing_ok=True)
+    try:
+        os.link(path, copies[1])
+    except OSError:  # a filesystem without hard links: keep only the newest
+        log.warning("cannot keep an older checkpoint beside %s (no hard links)", path)
+
+
+def save_checkpoint(path: Path, payload: dict[str, Any], *, keep: int = 1) -> None:
+    """Write ``payload`` to ``path`` atomically (see the module docstring).
+
+    ``keep`` > 1 keeps that many checkpoints in all: the previous ones as ``path.1``,
+    ``path.2``… (newest first), so a checkpoint damaged after it was written (a disk
+    error, a bad copy) does not take the run's progress with it.
+    """
     for key in ("format_version", "fingerprint"):
         if key not in payload:
             raise ValueError(f"checkpoint payload needs {key!r}; build it with build_payload")
@@ -98,6 +128,7 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
             torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
+        _rotate(path, keep)
         os.replace(tmp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -119,6 +150,29 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def load_newest(path: Path, *, keep: int, expected_fingerprint: str) -> tuple[dict[str, Any], Path]:
+    """The newest readable checkpoint among ``path`` and its older copies, and its file.
+
+    A damaged or missing newest file falls back to the previous one (with a warning); a
+    checkpoint of another model is refused at once, never skipped: it means the wrong
+    directory, not a damaged file.
+    """
+    failures: list[str] = []
+    for candidate in older_copies(Path(path), max(1, keep)):
+        if not candidate.exists():
+            continue
+        try:
+            payload = load_checkpoint(candidate, expected_fingerprint=expected_fingerprint)
+        except CheckpointError as exc:
+            if "different model" in str(exc):
+                raise
+            failures.append(str(exc))
+            log.warning("%s; trying an older checkpoint", exc)
+            continue
+        return payload, candidate
+    raise CheckpointError("; ".join(failures) or f"no checkpoint at {path}")
 
 
 def load_checkpoint(

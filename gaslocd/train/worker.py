@@ -24,7 +24,7 @@ import torch
 from gaslocd.algorithm.outer import mix, outer_step_, pairwise_consensus
 from gaslocd.algorithm.robust import ClipReport, TrustConfig, TrustRadius, all_finite, distance
 from gaslocd.config import OuterConfig, TrainConfig
-from gaslocd.train.checkpoint import build_payload, load_checkpoint, save_checkpoint
+from gaslocd.train.checkpoint import build_payload, load_newest, save_checkpoint
 from gaslocd.train.data import BatchSampler, Corpus, fixed_batches
 from gaslocd.train.flat import FlatParameters, model_fingerprint
 from gaslocd.train.inner import InnerTrainer, NonFiniteLossError
@@ -212,8 +212,9 @@ class Worker:
             self.round = round_
             self.flat.load_(self.theta_start)
 
-    def save(self, directory: Path, extra: dict[str, Any]) -> Path:
-        """Write θ (the round's start), m, the inner state and the round, atomically."""
+    def save(self, directory: Path, extra: dict[str, Any], keep: int = 1) -> Path:
+        """Write θ (the round's start), m, the inner state and the round, atomically,
+        keeping ``keep`` checkpoints in all (the older ones as ``checkpoint.pt.1``, …)."""
         path = Path(directory) / CHECKPOINT_NAME
         with self.lock:
             payload = build_payload(
@@ -224,13 +225,14 @@ class Worker:
                 inner=self.trainer.state_dict(),
                 extra={**extra, "worker_index": self.worker_index},
             )
-            save_checkpoint(path, payload)
+            save_checkpoint(path, payload, keep=keep)
         return path
 
-    def restore(self, directory: Path) -> dict[str, Any]:
-        """Load a checkpoint written by :meth:`save` for this model; returns its ``extra``."""
-        payload = load_checkpoint(
-            Path(directory) / CHECKPOINT_NAME, expected_fingerprint=self.fingerprint
+    def restore(self, directory: Path, keep: int = 1) -> dict[str, Any]:
+        """Load the newest whole checkpoint :meth:`save` wrote for this model (a damaged
+        newest one falls back to an older copy); returns its ``extra``."""
+        payload, _ = load_newest(
+            Path(directory) / CHECKPOINT_NAME, keep=keep, expected_fingerprint=self.fingerprint
         )
         with self.lock:
             self.theta_start = payload["theta"].to(torch.float32).reshape(-1).clone()

@@ -17,6 +17,8 @@ from gaslocd.train.checkpoint import (
     CheckpointError,
     build_payload,
     load_checkpoint,
+    load_newest,
+    older_copies,
     save_checkpoint,
 )
 from gaslocd.train.data import BatchSampler
@@ -152,3 +154,23 @@ def test_save_creates_the_directory_and_replaces(tmp_path: Path) -> None:
     save_checkpoint(path, _payload(round=2))
     assert load_checkpoint(path, expected_fingerprint="abc")["round"] == 2
     assert [p.name for p in path.parent.iterdir()] == ["c.pt"]
+
+
+def test_older_checkpoints_are_kept_newest_first(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    for round_ in range(1, 5):
+        save_checkpoint(path, _payload("fp", round_), keep=3)
+    kept = [load_checkpoint(p, expected_fingerprint="fp")["round"] for p in older_copies(path, 3)]
+    assert kept == [4, 3, 2]
+    assert not path.with_name("checkpoint.pt.3").exists()
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    for round_ in (1, 2):
+        save_checkpoint(path, _payload("fp", round_), keep=2)
+    path.write_bytes(path.read_bytes()[:100])  # a disk error after the write
+    payload, used = load_newest(path, keep=2, expected_fingerprint="fp")
+    assert (payload["round"], used.name) == (1, "checkpoint.pt.1")
+    with pytest.raises(CheckpointError, match="different model"):  # never skipped
+        load_newest(path.with_name("checkpoint.pt.1"), keep=1, expected_fingerprint="other")
