@@ -7,8 +7,10 @@
 #                                  e.g. a bootstrap at another site) and joins through it
 #   gaslocd-compose ARGS...        plain `gaslocd ARGS...`
 #
-# Why a file: the bootstrap multiaddr ends in the node's peer id, and a daemon makes a fresh
-# identity at every start, so the address cannot be written into compose.yaml.
+# Why a file: the bootstrap multiaddr ends in the node's peer id, which is made on the
+# first start (and then kept in identity.key on the checkpoint volume, so a restarted
+# bootstrap resumes its checkpoint under the same address), so it cannot be written into
+# compose.yaml.
 # Peers must dial each container at an address they can reach: unless GASLOCD_ANNOUNCE is
 # set, this announces the container's own address on the compose network.
 set -eu
