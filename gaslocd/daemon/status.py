@@ -9,27 +9,42 @@ from __future__ import annotations
 
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from gaslocd.config import WireConfig
 from gaslocd.net.auth import CallAuth
-from gaslocd.net.client import PeerClient
-from gaslocd.net.validation import Identity, WireStats
+from gaslocd.net.proto import peer_pb2 as pb
+from gaslocd.net.security import channel_credentials, channel_options
+
+# Not the client module: it imports torch (codecs, streams), which a health check every
+# 30 s must not pay for (seconds and hundreds of MB on each call). tests/test_cli.py
+# checks that `gaslocd status` imports neither torch nor hivemind.
+_STATUS = f"/{pb.DESCRIPTOR.services_by_name['Peer'].full_name}/Status"
 
 
 async def _status(
     address: str, wire: WireConfig, run_id: str, timeout_s: float
 ) -> dict[str, object]:
-    with ThreadPoolExecutor(1) as executor:
-        me = Identity(run_id, "gaslocd-status", "")
-        auth = CallAuth(run_id, wire.token, me.peer_id, None, lambda _peer: None)
-        client = PeerClient(wire, me, executor, WireStats(), auth)
-        try:
-            reply = await client.status(address, timeout_s)
-        finally:
-            await client.close()
+    auth = CallAuth(run_id, wire.token, "gaslocd-status", None, lambda _peer: None)
+    credentials = channel_credentials(wire)
+    options = channel_options(wire)
+    if credentials is None:
+        channel = grpc.aio.insecure_channel(address, options=options)
+    else:
+        channel = grpc.aio.secure_channel(address, credentials, options=options)
+    try:
+        call = channel.unary_unary(
+            _STATUS,
+            request_serializer=pb.StatusRequest.SerializeToString,
+            response_deserializer=pb.StatusReply.FromString,
+        )
+        metadata, _ = auth.metadata("", "Status")
+        reply: pb.StatusReply = await call(
+            pb.StatusRequest(run_id=run_id), timeout=timeout_s, metadata=metadata
+        )
+    finally:
+        await channel.close()
     return {
         "peer_id": reply.peer_id,
         "run_id": reply.run_id,

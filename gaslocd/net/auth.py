@@ -35,9 +35,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
-from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
+
+if TYPE_CHECKING:  # hivemind (and torch with it) is imported only to parse a peer's key:
+    # `gaslocd status`, the container health check, signs nothing and must start fast.
+    from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 _P = "gaslocd-"
 _FIELDS = ("sender", "target", "run", "method", "round", "time", "nonce")
@@ -244,6 +248,8 @@ class CallAuth:
         key = self._parsed.get(raw)
         if key is None:
             try:
+                from hivemind.utils.crypto import RSAPublicKey
+
                 key = RSAPublicKey.from_bytes(raw)
             except ValueError:
                 raise AuthFailure("unknown-peer", "the roster's key does not parse") from None
