@@ -146,7 +146,7 @@ class TrustRadius:
         partners does not matter.
         """
         radius, rho = self.radius(progress), self.radial_radius(own_norm_change)
-        own_norm = _norm(own)
+        own_norm = norm_of(own)
         out: dict[str, torch.Tensor] = {}
         distances: dict[str, float] = {}
         radial: dict[str, float] = {}
@@ -156,7 +156,7 @@ class TrustRadius:
             dist = distances[peer] = distance(own, theirs)
             d_r = (_dot(theirs, own) - own_norm**2) / own_norm if own_norm else 0.0
             d_t = math.sqrt(max(dist * dist - d_r * d_r, 0.0))
-            radial[peer] = abs(_norm(theirs) - own_norm)
+            radial[peer] = abs(norm_of(theirs) - own_norm)
             a = min(1.0, radius / dist) if dist > 0 else 1.0  # centered clipping
             c = _radial_part(own_norm, a * d_r, a * d_t, rho)
             total = math.hypot(a * d_t, c)
@@ -196,12 +196,14 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
     )
 
 
-def _norm(t: torch.Tensor) -> float:
+def norm_of(t: torch.Tensor) -> float:
     """‖t‖ in float64, slice by slice."""
     t = t.reshape(-1)
     total = 0.0
     for start in range(0, t.numel(), SLICE):
-        total += float(torch.linalg.vector_norm(t[start : start + SLICE], dtype=torch.float64)) ** 2
+        total += (
+            float(torch.linalg.vector_norm(t[start : start + SLICE], dtype=torch.float64)) ** 2
+        )
     return math.sqrt(total)
 
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import statistics
 
 import grpc
 
 from gaslocd import __version__
+from gaslocd.algorithm.robust import distance, norm_of
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.net.discovery import DiscoveryError
-from gaslocd.protocol.policy import resync_sources
+from gaslocd.net.state import PeerState
+from gaslocd.protocol.policy import resync_sources, state_refusal, states_agree
 from gaslocd.protocol.records import PeerRecord
 
 log = logging.getLogger(__name__)
@@ -26,6 +29,7 @@ READY_TIMEOUT_S = 5.0  # a Ready notice is tiny; a partner that does not take it
 RESUME_LOOKAROUND_S = 10.0  # how long a resumed daemon looks for peers before going alone
 STATE_FETCH_TIMEOUT_S = 120.0
 POLL_S = 0.25  # DHT polling interval; every poll loop is bounded by a deadline
+MAX_STATE_SOURCES = 3  # states fetched at most for one join or resync (two, and a tie-break)
 
 
 class StartupError(RuntimeError):
@@ -87,6 +91,7 @@ class Membership:
             await asyncio.sleep(0.1)  # polling the DHT, bounded by `until`
             with contextlib.suppress(DiscoveryError):
                 records = await rt.discovery.roster(rt.state.fingerprint)
+                rt.policy.observe_roster(rt.clock(), records)  # stale peers stop counting
         return records
 
     async def notify_ready(self, address: str, round_: int) -> None:
@@ -123,7 +128,8 @@ class Membership:
                 others = await self.others()
             if not others:
                 await asyncio.sleep(POLL_S)
-        network_round = max(r.round for r in others)
+        # Where the network is: the median, not the highest claim (docs/design.md §3).
+        network_round = statistics.median_low(r.round for r in others)
         if cfg.resume:
             lag = network_round - rt.state.round
             if lag <= RESYNC_ROUNDS:
@@ -151,35 +157,90 @@ class Membership:
             await asyncio.sleep(POLL_S)
 
     async def fetch_state(self, others: list[PeerRecord]) -> int:
-        """Take θ, m and the round from the first of ``others`` that answers well."""
+        """Take θ, m and the round from a typical peer (:func:`resync_sources`), once its
+        state is in range and, when another peer can be asked, agrees with that one's.
+
+        The cross-check is a second full state (at 551M parameters 4.4 GB more over the
+        link, and as much memory for a moment), compared by ‖θ_a − θ_b‖ against the norm
+        bound: a join or resync is rare, and a digest would need the other peer to
+        compute it on a state we have not seen. When the first two disagree a third
+        decides; states that all disagree are all refused.
+        """
+        rt = self.rt
+        errors: list[str] = []
+        sources = resync_sources(others, rt.me)
+        held: list[tuple[PeerRecord, PeerState]] = []
+        for record in sources[:MAX_STATE_SOURCES]:
+            state = await self._fetch_checked(record, errors)
+            if state is None:
+                continue
+            agreed = await self._agreeing(held, state)
+            if agreed is None and len(sources) == 1:
+                agreed = record, state  # nobody to compare with
+            if agreed is not None:
+                return await self._adopt(*agreed)
+            held.append((record, state))
+        if len(held) == 1:  # the others did not answer: nothing to compare with
+            log.warning("state of %s could not be cross-checked", held[0][0].address)
+            return await self._adopt(*held[0])
+        if held:
+            errors.append("the states fetched disagree (‖θ_a − θ_b‖ over the norm bound)")
+        raise StartupError("could not fetch the run's state from any peer: " + "; ".join(errors))
+
+    async def _fetch_checked(self, record: PeerRecord, errors: list[str]) -> PeerState | None:
+        """``record``'s state if it arrives and is in range (None, with the reason in
+        ``errors``, if not); a peer refusing our token is a startup error."""
         rt = self.rt
         expected = {"theta": rt.state.numel, "outer_momentum": rt.state.numel}
-        errors = []
-        for record in resync_sources(others, rt.me):
-            try:
-                state = await rt.server.client.fetch_state(
-                    record.address, expected, STATE_FETCH_TIMEOUT_S, peer=record.peer_id
-                )
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    raise StartupError(
-                        f"peer {record.address} refused our join token: {exc.details()}"
-                    ) from exc
-                errors.append(f"{record.address}: {exc.code().name} {exc.details()}")
-                continue
-            except Exception as exc:  # a refused or malformed state: try another peer
-                errors.append(f"{record.address}: {exc}")
-                continue
-            # Never step back: the wire refuses to reopen a round it already served.
-            await rt.thread.call(
-                rt.state.adopt,
-                max(state.round, rt.state.round),
-                state.tensors["theta"],
-                state.tensors["outer_momentum"],
+        try:
+            state = await rt.server.client.fetch_state(
+                record.address, expected, STATE_FETCH_TIMEOUT_S, peer=record.peer_id
             )
-            rt.progress(f"took state of round {state.round} from {record.address}")
-            return state.round
-        raise StartupError("could not fetch the run's state from any peer: " + "; ".join(errors))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise StartupError(
+                    f"peer {record.address} refused our join token: {exc.details()}"
+                ) from exc
+            errors.append(f"{record.address}: {exc.code().name} {exc.details()}")
+            return None
+        except Exception as exc:  # a refused or malformed state: try another peer
+            errors.append(f"{record.address}: {exc}")
+            return None
+        theta, momentum = state.tensors["theta"], state.tensors["outer_momentum"]
+        norms = await rt.thread.call(lambda: (norm_of(theta), norm_of(momentum)))
+        refusal = state_refusal(record, state.round, *norms)
+        if refusal is not None:
+            errors.append(f"{record.address}: state-range: {refusal}")
+            return None
+        return state
+
+    async def _agreeing(
+        self, held: list[tuple[PeerRecord, PeerState]], state: PeerState
+    ) -> tuple[PeerRecord, PeerState] | None:
+        """The first held state that agrees with ``state`` (it was the more typical), by
+        the norm bound on the smaller of the two norms: the test is symmetric, and a
+        scaled-up θ cannot vouch for an honest one or the reverse."""
+        bound = self.rt.wire.norm_bound
+        for record, other in held:
+            a, b = state.tensors["theta"], other.tensors["theta"]
+            gap, norm = await self.rt.thread.call(
+                lambda a=a, b=b: (distance(a, b), min(norm_of(a), norm_of(b)))
+            )
+            if states_agree(gap, norm, bound):
+                return record, other
+        return None
+
+    async def _adopt(self, record: PeerRecord, state: PeerState) -> int:
+        rt = self.rt
+        # Never step back: the wire refuses to reopen a round it already served.
+        await rt.thread.call(
+            rt.state.adopt,
+            max(state.round, rt.state.round),
+            state.tensors["theta"],
+            state.tensors["outer_momentum"],
+        )
+        rt.progress(f"took state of round {state.round} from {record.address}")
+        return state.round
 
     async def resync(self, records: list[PeerRecord]) -> None:
         """Take a live peer's state after rounds with partners and no exchange, keeping

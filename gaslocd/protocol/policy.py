@@ -6,17 +6,25 @@ simulator call the same methods; only where ``now`` comes from differs.
 
 - **Catch up.** Others at least ``CATCH_UP_ROUNDS`` ahead (by the median of active
   peers' rounds, so a single record at a huge round drags no one): jump to their round.
-  Round numbers only name pairings, so skipping some loses no training.
+  Round numbers only name pairings, so skipping some loses no training. Rounds cannot
+  go faster than time allows: a record further ahead than ``MIN_ROUND_S`` per second
+  since we last saw the run (plus ``JUMP_SLACK_ROUNDS``) is ignored, so even a majority
+  of forged records cannot drag a running peer to round 2^62.
 - **Pace.** Never run more than ``MAX_LEAD_ROUNDS`` ahead of an active peer: wait for
   it (bounded by the exchange deadline). The gap between the two rules keeps normal
-  jitter from ever skipping a round.
+  jitter from ever skipping a round. A peer whose round has not moved for
+  ``stale_after_s`` holds nobody back: a record that never advances (dead, wedged, or
+  forged to slow the run down) costs each peer at most that long, not a deadline a round.
 - **Fill the wait.** A peer that finished its planned H before its partners keeps
   training (up to H_max and the exchange deadline) until every partner said Ready.
 - **Solo rounds take T.** A round without partners, while others exist, lasts the
   target round time: otherwise a sitting-out peer would race ahead in round numbers.
 - **Resynchronise.** ``RESYNC_AFTER_FAILED_ROUNDS`` rounds in a row with partners and
   no exchange (a healed partition whose θ the norm bound now refuses): take a live
-  peer's state.
+  peer's state, from a *typical* peer (round nearest the roster's median), not the most
+  advanced one, which is whoever claims the highest round. A fetched state must have
+  its round and momentum in range (:func:`state_refusal`) and, when another peer can
+  be asked, agree with that peer's (:func:`states_agree`).
 - **Which exchanges count.** Only those where both sides took the other's θ̃: using a
   θ̃ whose sender refused ours would make the round's W one-sided.
 """
@@ -35,6 +43,15 @@ from gaslocd.protocol.records import PeerRecord
 MAX_LEAD_ROUNDS = 1
 CATCH_UP_ROUNDS = 2
 RESYNC_AFTER_FAILED_ROUNDS = 3
+# No honest round is shorter than this (steps, an exchange, a roster read): the fastest
+# the run's round number can legitimately grow, 20 rounds per second.
+MIN_ROUND_S = 0.05
+JUMP_SLACK_ROUNDS = 4  # jitter allowed on top of elapsed / MIN_ROUND_S
+STALE_AFTER_S = 2 * FIRST_DEADLINE_S  # a round unchanged this long holds nobody back
+# A fetched state's outer momentum larger than this × ‖θ‖ is not a real run's: m sums
+# pseudo-gradients, a few percent of θ each, decayed by μ (‖m‖ ≲ ‖G‖ / (1 − μ)).
+MAX_MOMENTUM_RATIO = 1.0
+STATE_ROUND_SLACK = 4  # a fetched round this far from its source's record is refused
 
 
 @dataclass(frozen=True)
@@ -74,26 +91,96 @@ def mixing_row(setup: RoundSetup, me: str, counted: Iterable[str]) -> dict[str, 
 
 
 def resync_sources(records: Sequence[PeerRecord], me: str) -> list[PeerRecord]:
-    """Whom to ask for state, in order: the most advanced other peers first."""
-    return sorted((r for r in records if r.peer_id != me), key=lambda r: -r.round)
+    """Whom to ask for state, in order: typical peers first, i.e. those whose round is
+    nearest the median of the others' (then the more advanced, then by id).
+
+    Not the most advanced: the highest round is what a hostile record claims, and an
+    honest peer's state is as good a round behind as a round ahead.
+    """
+    others = [r for r in records if r.peer_id != me]
+    if not others:
+        return []
+    middle = statistics.median_low(r.round for r in others)
+    return sorted(others, key=lambda r: (abs(r.round - middle), -r.round, r.peer_id))
+
+
+def state_refusal(
+    source: PeerRecord, round_: int, theta_norm: float, momentum_norm: float
+) -> str | None:
+    """Why a fetched state must not be adopted (None: it may): its round far from what
+    its source publishes, or an outer momentum no real run has."""
+    if abs(round_ - source.round) > STATE_ROUND_SLACK:
+        return f"round {round_} is far from its source's record (round {source.round})"
+    if not (math.isfinite(theta_norm) and math.isfinite(momentum_norm)):
+        return "non-finite state"
+    if momentum_norm > MAX_MOMENTUM_RATIO * theta_norm:
+        return f"outer momentum norm {momentum_norm:.4g} exceeds ‖θ‖ = {theta_norm:.4g}"
+    return None
+
+
+def states_agree(theta_distance: float, other_norm: float, norm_bound: float) -> bool:
+    """Two peers' θ agree when an exchange between them would pass the norm bound:
+    honest replicas always do (they are refused past it and resynchronise)."""
+    return theta_distance <= norm_bound * other_norm
 
 
 class RoundPolicy:
     """One peer's memory between rounds, and the rules that use it."""
 
-    def __init__(self, me: str, record_ttl_s: float, h_upper: int) -> None:
+    def __init__(
+        self,
+        me: str,
+        record_ttl_s: float,
+        h_upper: int,
+        stale_after_s: float = STALE_AFTER_S,
+        min_round_s: float = MIN_ROUND_S,
+    ) -> None:
         self.me = me
         self.record_ttl_s = record_ttl_s
         self.h_upper = h_upper
+        self.stale_after_s = stale_after_s
+        self.min_round_s = min_round_s
+        self.now = -math.inf  # the clock at the last roster observed
         self.others_seen_at = -math.inf  # when the roster last held another peer
         self.failed_rounds = 0  # consecutive rounds with partners and no exchange
+        self.moved: dict[str, tuple[int, float]] = {}  # peer -> (its round, seen since)
+        self.anchor: tuple[int, float] | None = None  # (run's round, when) at the last look
 
     def observe_roster(self, now: float, records: Sequence[PeerRecord]) -> None:
+        """Remember when we saw others, and since when each peer has been at its round."""
+        self.now = now
         if any(r.peer_id != self.me for r in records):
             self.others_seen_at = now
+        for r in records:
+            seen = self.moved.get(r.peer_id)
+            if seen is None or seen[0] != r.round:
+                self.moved[r.peer_id] = (r.round, now)
+
+    def plausible_round(self) -> float:
+        """The highest round the run can have reached by now (inf before the first look)."""
+        if self.anchor is None:
+            return math.inf
+        round_, at = self.anchor
+        return round_ + JUMP_SLACK_ROUNDS + max(0.0, self.now - at) / self.min_round_s
 
     def catch_up(self, t: int, records: Sequence[PeerRecord]) -> int:
-        return catch_up_round(t, records, self.me, CATCH_UP_ROUNDS)
+        """:func:`catch_up_round` over the records whose round time allows (call
+        :meth:`observe_roster` first: it sets ``now``)."""
+        limit = self.plausible_round()
+        credible = [r for r in records if r.round <= limit]
+        ahead = catch_up_round(t, credible, self.me, CATCH_UP_ROUNDS)
+        if any(r.peer_id != self.me for r in credible):
+            self.anchor = (max(t, ahead), self.now)
+        return ahead
+
+    def stale(self, record: PeerRecord) -> bool:
+        """Whether ``record``'s round has not moved for ``stale_after_s``."""
+        seen = self.moved.get(record.peer_id)
+        return (
+            seen is not None
+            and seen[0] == record.round
+            and self.now - seen[1] >= self.stale_after_s
+        )
 
     def pace_until(self, now: float, fixed_deadline_s: float | None) -> float:
         """How long pacing may wait at most: one exchange deadline (then the slow peer
@@ -101,11 +188,14 @@ class RoundPolicy:
         return now + (fixed_deadline_s or FIRST_DEADLINE_S)
 
     def behind(self, t: int, records: Sequence[PeerRecord]) -> list[PeerRecord]:
-        """Active peers more than ``MAX_LEAD_ROUNDS`` behind round ``t``: wait for them."""
+        """Active peers more than ``MAX_LEAD_ROUNDS`` behind round ``t``, and not stale:
+        wait for them."""
         return [
             r
             for r in records
-            if r.peer_id != self.me and r.active_from <= r.round < t - MAX_LEAD_ROUNDS
+            if r.peer_id != self.me
+            and r.active_from <= r.round < t - MAX_LEAD_ROUNDS
+            and not self.stale(r)
         ]
 
     def fill_wait(self, setup: RoundSetup, steps_done: int, now: float) -> FillWait | None:

@@ -168,9 +168,10 @@ def test_resync_after_consecutive_failed_rounds_with_partners() -> None:
     assert not any(policy.should_resync(setup, 0) for _ in range(RESYNC_AFTER_FAILED_ROUNDS - 1))
 
 
-def test_resync_asks_the_most_advanced_others_first() -> None:
+def test_resync_asks_typical_peers_first_not_the_most_advanced() -> None:
+    # Others b (9), c (7): the median (low) is 7, so c first (docs/design.md §3).
     records = [_rec("a", 5), _rec("b", 9), _rec("c", 7)]
-    assert [r.peer_id for r in resync_sources(records, "a")] == ["b", "c"]
+    assert [r.peer_id for r in resync_sources(records, "a")] == ["c", "b"]
 
 
 def test_a_one_sided_exchange_does_not_count_and_w_stays_doubly_stochastic() -> None:

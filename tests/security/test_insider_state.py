@@ -1,0 +1,108 @@
+"""Which state a newcomer or a resyncing daemon takes (daemon/membership.py), with fake
+peers: a typical source first, range checks, and a cross-check against a second peer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from gaslocd.daemon.membership import Membership, StartupError
+from gaslocd.net.state import PeerState
+from gaslocd.protocol.records import PeerRecord
+
+N = 1000
+HONEST = torch.ones(N)
+
+
+def _rec(peer_id: str, round_: int) -> PeerRecord:
+    return PeerRecord(
+        peer_id=peer_id,
+        address=f"{peer_id}:1",
+        fingerprint="fp",
+        round=round_,
+        inner_steps=4,
+        step_time_s=0.1,
+        bandwidth_bytes_per_s=1e6,
+        version="0",
+    )
+
+
+class _Thread:
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+
+def _membership(states: Mapping[str, tuple[int, torch.Tensor, torch.Tensor]]) -> Any:
+    """A Membership over fake peers (address -> (round, θ, m)); records what it adopts."""
+    asked: list[str] = []
+    adopted: list[tuple[int, torch.Tensor]] = []
+
+    async def fetch_state(address: str, expected: Any, timeout: float, *, peer: str) -> PeerState:
+        asked.append(peer)
+        if address not in states:
+            raise ConnectionError("unreachable")
+        round_, theta, momentum = states[address]
+        return PeerState(round_, 0, {"theta": theta, "outer_momentum": momentum})
+
+    state = SimpleNamespace(numel=N, round=0, adopt=lambda r, theta, m: adopted.append((r, theta)))
+    rt = SimpleNamespace(
+        me="me",
+        state=state,
+        thread=_Thread(),
+        wire=SimpleNamespace(norm_bound=1.0),
+        server=SimpleNamespace(client=SimpleNamespace(fetch_state=fetch_state)),
+        progress=lambda line: None,
+    )
+    m = Membership(rt)  # type: ignore[arg-type]
+    m.asked, m.adopted = asked, adopted  # type: ignore[attr-defined]
+    return m
+
+
+def test_a_poisoned_state_from_the_highest_claim_is_never_asked_first() -> None:
+    honest = (10, HONEST, torch.zeros(N))
+    m = _membership({"a:1": honest, "b:1": honest, "liar:1": (2**40, -HONEST, torch.zeros(N))})
+    records = [_rec("a", 10), _rec("b", 10), _rec("liar", 2**40)]
+    assert asyncio.run(m.fetch_state(records)) == 10
+    assert m.asked == ["a", "b"] and m.adopted[0][0] == 10
+
+
+def test_a_state_that_disagrees_with_a_second_peer_is_refused_for_the_third() -> None:
+    # "a" (the median round) serves a poisoned θ; b and c agree with each other.
+    poisoned = (10, HONEST * 5, torch.zeros(N))
+    honest = (10, HONEST, torch.zeros(N))
+    m = _membership({"a:1": poisoned, "b:1": honest, "c:1": honest})
+    records = [_rec("a", 10), _rec("b", 11), _rec("c", 9)]
+    asyncio.run(m.fetch_state(records))
+    assert m.asked == ["a", "b", "c"]
+    assert torch.equal(m.adopted[0][1], HONEST)
+
+
+def test_out_of_range_momentum_or_round_falls_back_to_the_next_source() -> None:
+    honest = (10, HONEST, torch.zeros(N))
+    huge_m = (10, HONEST, HONEST * 1e6)
+    m = _membership({"a:1": huge_m, "b:1": honest})
+    asyncio.run(m.fetch_state([_rec("a", 10), _rec("b", 10)]))
+    assert m.asked == ["a", "b"] and torch.equal(m.adopted[0][1], HONEST)
+    m = _membership({"a:1": (500, HONEST, torch.zeros(N))})  # round far from its record
+    with pytest.raises(StartupError, match="state-range"):
+        asyncio.run(m.fetch_state([_rec("a", 10)]))
+    assert m.adopted == []
+
+
+def test_two_disagreeing_states_and_nobody_else_are_both_refused() -> None:
+    m = _membership({"a:1": (10, HONEST, torch.zeros(N)), "b:1": (10, -HONEST, torch.zeros(N))})
+    with pytest.raises(StartupError, match="disagree"):
+        asyncio.run(m.fetch_state([_rec("a", 10), _rec("b", 10)]))
+    assert m.adopted == []
+
+
+def test_a_lone_source_or_an_unreachable_second_is_taken_after_the_range_checks() -> None:
+    m = _membership({"a:1": (10, HONEST, torch.zeros(N))})
+    assert asyncio.run(m.fetch_state([_rec("a", 10)])) == 10
+    m = _membership({"a:1": (10, HONEST, torch.zeros(N))})
+    assert asyncio.run(m.fetch_state([_rec("a", 10), _rec("gone", 10)])) == 10
