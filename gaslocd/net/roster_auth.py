@@ -45,6 +45,7 @@ from hivemind.proto import crypto_pb2
 from hivemind.utils import MSGPackSerializer
 from hivemind.utils.timed_storage import get_dht_time
 
+from gaslocd.net.auth import run_key
 from gaslocd.protocol.records import PeerRecord
 
 AUTH_FIELD = "auth"
@@ -60,11 +61,6 @@ def _check(ok: bool, message: str) -> None:
 
 class WrongCredential(ValueError):
     """A well-formed tag under another key: another token (or a forger); worth a hint."""
-
-
-def run_key(token: str, run_id: str) -> bytes:
-    """The run's HMAC key: never the token itself, and different for every run."""
-    return hmac.new(token.encode(), b"gaslocd/run-key/" + run_id.encode(), hashlib.sha256).digest()
 
 
 def roster_key(run_id: str) -> str:
