@@ -167,6 +167,25 @@ def test_dashboard_covers_what_the_issue_asks_for() -> None:
     } <= alerts
 
 
+def test_every_alert_has_a_unit_test_that_fires_it() -> None:
+    tests = yaml.safe_load((DEPLOY / "alerts_test.yml").read_text())["tests"]
+    fired = {
+        str(case["alertname"])
+        for test in tests
+        for case in test["alert_rule_test"]
+        if case.get("exp_alerts")
+    }
+    assert fired == {str(r["alert"]) for r in alert_rules()}
+
+
+def test_the_consensus_panel_is_logarithmic_names_peers_and_shows_the_run() -> None:
+    consensus = panel("Consensus distance")
+    assert consensus["fieldConfig"]["defaults"]["custom"]["scaleDistribution"]["type"] == "log"
+    legends = [t["legendFormat"] for t in consensus["targets"]]
+    assert legends == ["{{peer_id}}", "run-wide median", "run-wide max"]
+    assert "group_left (peer_id) gasloc_build_info" in consensus["targets"][0]["expr"]
+
+
 def test_training_share_is_read_alike_by_the_dashboard_and_the_alert() -> None:
     """Training share = rate of train and fill over the rate of all activities."""
     per_daemon, run_wide = (t["expr"] for t in panel("Training share")["targets"])
