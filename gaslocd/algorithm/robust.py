@@ -82,6 +82,9 @@ class ClipReport:
     radial_radius: float  # ρ: the largest |‖θ̃_j‖ − ‖θ̃_i‖| mixed (inf: no limit yet)
     distances: dict[str, float]  # ‖θ̃_j − θ̃_i‖ per partner, before clipping
     clipped: tuple[str, ...]  # partners whose θ̃ was pulled in to τ, sorted
+    # Partners within τ whose norm gap alone was cut to ρ: common between honest peers
+    # (their norm gaps are heavy-tailed) and a light touch, so counted apart.
+    rescaled: tuple[str, ...] = ()
 
 
 def distance(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -107,7 +110,8 @@ class TrustRadius:
         self.cfg = cfg or TrustConfig()
         self.accepted: deque[float] = deque(maxlen=self.cfg.window)  # distances
         self.radial: deque[float] = deque(maxlen=self.cfg.window)  # |‖θ̃_j‖ − ‖θ̃_i‖|
-        self.clipped_total = 0  # partners clipped since start (a counter for reports)
+        self.clipped_total = 0  # partners pulled in to τ since start (a counter for reports)
+        self.rescaled_total = 0  # partners whose norm gap alone was cut to ρ
 
     def radius(self, progress: float) -> float:
         """τ for a round whose own pseudo-gradient has norm ``progress`` (‖Δ_i‖)."""
@@ -151,6 +155,7 @@ class TrustRadius:
         distances: dict[str, float] = {}
         radial: dict[str, float] = {}
         clipped: list[str] = []
+        rescaled: list[str] = []
         for peer in sorted(received):
             theirs = received[peer]
             dist = distances[peer] = distance(own, theirs)
@@ -164,17 +169,18 @@ class TrustRadius:
                 theirs = torch.lerp(own, theirs, a).add_(own, alpha=(c - a * d_r) / own_norm)
                 if total > radius:
                     theirs = torch.lerp(own, theirs, radius / total)
-                clipped.append(peer)
+                (clipped if a < 1.0 or total > radius else rescaled).append(peer)
             out[peer] = theirs
         warming = len(self.accepted) < self.cfg.warmup
         for p in distances:
-            if p not in clipped:
+            if p not in clipped and p not in rescaled:
                 self.accepted.append(distances[p])
                 self.radial.append(abs(radial[p]))
             elif warming:  # capped: the warm-up cannot starve, nor be inflated past τ
                 self.accepted.append(min(distances[p], radius))
         self.clipped_total += len(clipped)
-        return out, ClipReport(radius, rho, distances, tuple(clipped))
+        self.rescaled_total += len(rescaled)
+        return out, ClipReport(radius, rho, distances, tuple(clipped), tuple(rescaled))
 
 
 def _radial_part(own_norm: float, d_r: float, tangential: float, rho: float) -> float:
@@ -201,9 +207,7 @@ def norm_of(t: torch.Tensor) -> float:
     t = t.reshape(-1)
     total = 0.0
     for start in range(0, t.numel(), SLICE):
-        total += (
-            float(torch.linalg.vector_norm(t[start : start + SLICE], dtype=torch.float64)) ** 2
-        )
+        total += float(torch.linalg.vector_norm(t[start : start + SLICE], dtype=torch.float64)) ** 2
     return math.sqrt(total)
 
 

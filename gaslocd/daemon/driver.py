@@ -85,6 +85,7 @@ class RoundDriver:
             exchange_s=exchange_s,
             tokens=len(losses) * rt.state.trainer.tokens_per_step,
             clipped=mixed.clipped,
+            rescaled=mixed.rescaled,
             rollbacks=dict(rt.state.rollbacks),
         )
         rt.progress(rt.telemetry.finish_round(outcome, rt.links, rt.state.round))

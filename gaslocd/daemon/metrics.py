@@ -144,6 +144,12 @@ def _robust_families(t: DaemonMetrics) -> Iterator[Metric]:
         "Partner θ̃ that robust mixing pulled in to the trust radius before mixing",
     )
     clipped.add_metric([], t.clipped)
+    rescaled = CounterMetricFamily(
+        "gasloc_rescaled_exchanges",
+        "Partner θ̃ within the trust radius whose norm gap alone robust mixing cut "
+        "(common between honest peers)",
+    )
+    rescaled.add_metric([], t.rescaled)
     rollbacks = CounterMetricFamily(
         "gasloc_rollbacks",
         "Rounds whose local result was thrown away (θ back to the round's start), by reason",
@@ -151,7 +157,7 @@ def _robust_families(t: DaemonMetrics) -> Iterator[Metric]:
     )
     for reason, n in _bounded(t.rollbacks.items(), KNOWN_ROLLBACKS).items():
         rollbacks.add_metric([reason], n)
-    yield from (clipped, rollbacks)
+    yield from (clipped, rescaled, rollbacks)
 
 
 class DaemonMetrics:
@@ -179,6 +185,7 @@ class DaemonMetrics:
         self.rounds = 0
         self.extra_failures: dict[str, int] = {}
         self.clipped = 0
+        self.rescaled = 0
         self.rollbacks: dict[str, int] = {}
         r.register(_WireCollector(stats, self))
         Info("gasloc_build", "gaslocd build and run identity", registry=r).info(

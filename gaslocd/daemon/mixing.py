@@ -22,6 +22,7 @@ from gaslocd.net.rendezvous import ExchangeResult
 from gaslocd.protocol.account import split_exchange
 from gaslocd.protocol.plan import RoundSetup
 from gaslocd.protocol.policy import counted_exchanges, mixing_row
+from gaslocd.train.device import on_host
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class MixResult:
     # and bookkeeping are the driver's "other".
     parts: dict[str, float] = field(default_factory=dict)
     clipped: int = 0  # partners whose θ̃ robust mixing pulled in to the trust radius
+    rescaled: int = 0  # partners within it whose norm gap alone was cut
 
 
 class Mixer(Protocol):
@@ -58,9 +60,10 @@ class GossipMixer:
             row = {me: 1.0}
             await rt.thread.call(rt.state.outer_update, row, {}, me, rt.algo.outer)
             return MixResult(None, 0, row)
+        tilde = await rt.thread.call(rt.state.tilde_on_host)  # a GPU's copy off the loop
         await rt.server.open_round(
             setup.round,
-            rt.state.flat.flat,
+            tilde,
             setup.partners,
             codec=rt.cfg.codec,
             feedback=self.feedback,
@@ -113,6 +116,7 @@ class GossipMixer:
             row,
             self._parts(elapsed, slowest),
             clipped=len(clip.clipped),
+            rescaled=len(clip.rescaled),
         )
 
     def _parts(self, elapsed: float, slowest: ExchangeResult | None) -> dict[str, float]:
@@ -144,7 +148,7 @@ class AllReduceMixer:
     async def mix(self, setup: RoundSetup) -> MixResult:
         rt = self.rt
         state = rt.state
-        delta = await rt.thread.call(lambda: state.theta_start - state.flat.flat)
+        delta = await rt.thread.call(lambda: on_host(state.theta_start - state.flat.flat))
         began = rt.clock()
         try:
             average, group = await self.allreduce.average(

@@ -30,7 +30,8 @@ class RoundOutcome:
     roster: tuple[str, ...]  # the sorted roster the row refers to
     exchange_s: float
     tokens: int
-    clipped: int = 0  # partners robust mixing clipped this round
+    clipped: int = 0  # partners robust mixing pulled in to the trust radius this round
+    rescaled: int = 0  # partners within it whose norm gap alone was cut
     rollbacks: dict[str, int] | None = None  # the worker's thrown-away rounds so far, by reason
 
 
@@ -47,6 +48,7 @@ class Telemetry:
         """Record the round everywhere; returns its progress line."""
         self.metrics.tokens += out.tokens
         self.metrics.clipped += out.clipped
+        self.metrics.rescaled += out.rescaled
         if out.rollbacks is not None:
             self.metrics.rollbacks = dict(out.rollbacks)
         self.metrics.exchange_seconds.observe(out.exchange_s)

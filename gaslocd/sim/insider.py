@@ -110,8 +110,12 @@ class InsiderSimulation(Simulation):
         return statistics.fmean(self.honest_val)
 
     def clipped(self) -> int:
-        """Partner θ̃ clipped by honest workers since the start."""
+        """Partner θ̃ honest workers pulled in to their trust radius since the start."""
         return sum(self.workers[k].trust.clipped_total for k in self.honest)
+
+    def rescaled(self) -> int:
+        """Partner θ̃ within τ whose norm gap alone honest workers cut to ρ."""
+        return sum(self.workers[k].trust.rescaled_total for k in self.honest)
 
     def rollbacks(self) -> int:
         """Rounds whose local result an honest worker threw away (non-finite)."""
