@@ -179,10 +179,11 @@ class CallAuth:
 
     def check_proof(self, metadata: Metadata | None, claim: Claim) -> None:
         """The acceptor's proof (its initial metadata) that it holds ``claim.target``'s key."""
-        proof = _text(_as_dict(metadata), "proof")
+        md = _as_dict(metadata)
+        proof = _text(md, "proof")
         if not proof:
             raise AuthFailure("bad-signature", f"{claim.target[:64]} sent no proof of identity")
-        key = self._public_key(claim.target)
+        key = self._public_key(claim.target, _text(md, "key").encode())
         if not key.verify(self._proof_bytes(claim, claim.target), proof.encode()):
             raise AuthFailure("bad-signature", f"the acceptor is not {claim.target[:64]}")
 
@@ -232,13 +233,15 @@ class CallAuth:
         if self._private is None:
             return ()
         signature = self._private.sign(self._proof_bytes(claim, self.my_peer_id))
-        return ((_P + "proof", signature.decode()),)
+        return ((_P + "proof", signature.decode()), (_P + "key", self._own_key))
 
     def _proof_bytes(self, claim: Claim, acceptor: str) -> bytes:
         return _packed(b"gaslocd/accept/v1", (claim.nonce, acceptor, claim.run, str(claim.round)))
 
     def _public_key(self, peer: str, offered: bytes = b"") -> RSAPublicKey:
-        """``peer``'s key from the roster, or the one it offered if that key is its id."""
+        """``peer``'s key from the roster, or the one it offered if that key is its id
+        (peer ids are key hashes, so this is as strong; it spares a roster read that
+        missed the peer for a moment, or a newcomer not published yet)."""
         raw = self._public_key_of(peer)
         if raw is None and offered and self._peer_id_of_key is not None:
             with contextlib.suppress(Exception):  # garbage keys raise several types
