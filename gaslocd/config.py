@@ -22,6 +22,10 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
+    _check(value in choices, f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
 def _positive(name: str, value: float) -> None:
     _check(math.isfinite(value) and value > 0, f"{name} must be a finite number > 0, got {value!r}")
 
@@ -118,18 +122,27 @@ class TrainConfig:
     lr_schedule: str = "constant"
     total_steps: int | None = None
     lr_floor: float = 0.1
+    # Where and how the inner steps run (gaslocd.train.device): auto picks CUDA when
+    # there is one; bf16/fp16 autocast over float32 master weights.
+    device: str = "cpu"
+    precision: str = "fp32"
+    micro_batch: int = 0  # sequences per forward/backward (gradient accumulation); 0: all
+    compile: bool = False  # torch.compile the model
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model must name a config (tiny, small, 134m, 551m) or pkg.mod:fn")
-        _check(
-            self.lr_schedule in LR_SCHEDULES,
-            f"lr schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}",
-        )
+        _one_of("lr schedule", self.lr_schedule, LR_SCHEDULES)
         _check(
             self.lr_schedule == "constant" or (self.total_steps or 0) > self.warmup_steps,
             f"a {self.lr_schedule} schedule needs --total-steps above the warm-up "
             f"({self.warmup_steps}), got {self.total_steps}: set it, or bound the run "
             "(--max-rounds / --rounds) so it can be derived",
+        )
+        _one_of("precision", self.precision, ("auto", "fp32", "bf16", "fp16"))
+        _check(
+            self.micro_batch >= 0
+            and (self.micro_batch == 0 or self.batch_size % self.micro_batch == 0),
+            f"micro batch ({self.micro_batch}) must divide the batch size ({self.batch_size})",
         )
         _check(
             math.isfinite(self.lr_floor) and 0 <= self.lr_floor <= 1,
@@ -201,9 +214,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         _check(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
         _check(self.rounds >= 1, f"rounds must be >= 1, got {self.rounds}")
-        _check(
-            self.codec in CODECS, f"codec must be one of {', '.join(CODECS)}; got {self.codec!r}"
-        )
+        _one_of("codec", self.codec, CODECS)
         _positive("bandwidth (Mbit/s)", self.bandwidth_mbps)
         _check(
             math.isfinite(self.latency_ms) and self.latency_ms >= 0,
@@ -376,9 +387,7 @@ class DaemonConfig:
             self.metrics_port is None or 0 <= self.metrics_port < 65536,
             f"metrics port must be in 0..65535, got {self.metrics_port}",
         )
-        _check(
-            self.codec in CODECS, f"codec must be one of {', '.join(CODECS)}; got {self.codec!r}"
-        )
+        _one_of("codec", self.codec, CODECS)
         _check(
             self.checkpoint_every >= 1,
             f"checkpoint every must be >= 1, got {self.checkpoint_every}",

@@ -59,6 +59,10 @@ def run_daemon(command: str, resolved: dict[str, Any]) -> int:
     _exit_on_signal(EXIT_OK)
 
     torch.set_num_threads(resolved["threads"])
+    from gaslocd.train.device import resolve_device, resolve_precision
+
+    # A device or precision this machine lacks is a wrong setting: one line, exit 2.
+    resolve_precision(configs[2].precision, resolve_device(configs[2].device))
     daemon = Daemon(*configs, role=command, progress=lambda line: print(line, flush=True))
     try:
         return daemon.run()

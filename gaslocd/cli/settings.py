@@ -140,6 +140,17 @@ SETTINGS: tuple[Setting, ...] = (
        _TRAIN, fields=("train.eval_batches",)),
     _S("seed", v.integer, 0, "seed of init, data streams and pairings", TRAINERS, _TRAIN,
        fields=("train.seed",)),
+    _S("device", v.text_value, "auto", "where the inner steps run: auto (the first visible "
+       "CUDA device, else the CPU), cpu, cuda or cuda:N", TRAINERS, _TRAIN,
+       fields=("train.device",)),
+    _S("precision", v.text_value, "auto", "autocast of the inner steps over float32 master "
+       "weights (auto: bf16 on a GPU that has it, else fp32; fp16 adds loss scaling)",
+       TRAINERS, _TRAIN, choices=("auto", "fp32", "bf16", "fp16"), fields=("train.precision",)),
+    _S("micro_batch", v.integer, 0, "sequences per forward/backward, accumulated into "
+       "--batch-size (0: all at once); fits a large model on a small card", TRAINERS,
+       _TRAIN, fields=("train.micro_batch",)),
+    _S("compile", v.parse_bool, False, "torch.compile the model (slower start, faster "
+       "steps on a GPU)", TRAINERS, _TRAIN, kind="switch", fields=("train.compile",)),
     _S("threads", v.positive_int, 1, "torch intra-op threads (tiny models step fastest on "
        "one; raise for big ones)", TRAINERS, _TRAIN),
     # -- the size of a demo or a simulation --------------------------------------------

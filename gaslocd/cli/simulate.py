@@ -40,6 +40,10 @@ def run_simulate(command: str, resolved: dict[str, Any]) -> int:
     from gaslocd.sim.summary import simulation_summary, write_json
 
     torch.set_num_threads(resolved["threads"])
+    from gaslocd.train.device import resolve_device, resolve_precision
+
+    # A device or precision this machine lacks is a wrong setting: one line, exit 2.
+    resolve_precision(train.precision, resolve_device(train.device))
     simulation = Simulation(algo, train, sim)
     done = simulation.algo
     adaptive = " adaptive" if done.adapt_h else ""

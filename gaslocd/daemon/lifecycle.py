@@ -148,6 +148,8 @@ class Daemon:
                     "topology": self.algo.topology,
                     "codec": self.cfg.codec,
                     "model": self.train.model,
+                    "device": str(self.state.device),
+                    "precision": self.state.trainer.precision,
                 },
             )
             self.telemetry = Telemetry(self.metrics, RunLog(self.me), self.stats)
@@ -291,7 +293,8 @@ class Daemon:
         self.progress(
             f"gaslocd {__version__} {self.role}: peer {rt.me} run {cfg.run_id} "
             f"gRPC {rt.address} round {rt.state.round} (active from {rt.active_from}), "
-            f"model {self.train.model} {rt.state.numel:,} params, "
+            f"model {self.train.model} {rt.state.numel:,} params on {rt.state.device} "
+            f"{rt.state.trainer.precision}, "
             f"{self.algo.algo}/{self.algo.topology} codec {cfg.codec}{metrics_text}"
         )
         self.progress(f"bootstrap address: {bootstrap[0]}")

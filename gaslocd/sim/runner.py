@@ -25,6 +25,7 @@ from gaslocd.net.memory import EdgeFault, InMemoryTransport
 from gaslocd.sim.clock import SimClock
 from gaslocd.sim.schedule import RoundState, Schedule, network_model, worker_roster
 from gaslocd.train.data import Corpus, load_corpus
+from gaslocd.train.device import on_host
 from gaslocd.train.worker import Worker, held_out_batches
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class Simulation:
             losses += w.train(state.planned[k])  # a non-finite loss rolls the round back
             losses += w.train(state.filled[k])  # filling the wait: real steps
             offer = w.flat.flat if state.group is None else w.theta_start - w.flat.flat
-            self.transport.post(state.round, self.roster[k], offer)
+            self.transport.post(state.round, self.roster[k], on_host(offer))
         return losses
 
     def _refusals(self, state: RoundState) -> set[tuple[int, int]]:
@@ -138,7 +139,7 @@ class Simulation:
         refused = set()
         for e in (e for e in state.edges if e.moved):
             for me, other in ((e.a, e.b), (e.b, e.a)):
-                own = self.workers[me].flat.flat
+                own = on_host(self.workers[me].flat.flat)
                 theirs = self.transport.fetch(state.round, self.roster[other])
                 if float((theirs - own).norm()) > self.norm_bound * float(own.norm()):
                     refused.add((me, other))

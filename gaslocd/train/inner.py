@@ -19,6 +19,7 @@ from torch import nn
 
 from gaslocd.config import TrainConfig
 from gaslocd.train.data import BatchSampler
+from gaslocd.train.device import autocast, resolve_precision
 from gaslocd.train.flat import FlatParameters
 from gaslocd.train.model import model_loss
 
@@ -70,6 +71,9 @@ class InnerTrainer:
         self.sampler = sampler
         self.cfg = cfg
         self.device = flat.flat.device
+        self.precision = resolve_precision(cfg.precision, self.device)
+        # fp16 overflows without loss scaling; bf16 has fp32's range and needs none.
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.steps_done = 0
         self.last_step_s: float | None = None  # mean wall time per step of the last call
         params = [p for p in model.parameters() if p.requires_grad]
@@ -82,8 +86,11 @@ class InnerTrainer:
             ],
             lr=self._lr(0),
             betas=BETAS,
+            fused=self.device.type == "cuda" or None,  # one kernel for all parameters
         )
         self._params = params
+        # Compiling wraps the module; its parameters are the same tensors (the flat views).
+        self._forward: nn.Module = torch.compile(model) if cfg.compile else model  # type: ignore[assignment]
         model.train()
 
     @property
@@ -116,15 +123,10 @@ class InnerTrainer:
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = model_loss(self.model, x, y)
-        # .item() waits for the device each step; that is the price of refusing a bad loss
-        # before anything is applied, and is small next to a step of a real model.
-        value = loss.item()
-        if not math.isfinite(value):
-            raise NonFiniteLossError(f"loss is {value} at inner step {self.steps_done}")
-        loss.backward()
+        value = self._forward_backward(x, y)
+        self.scaler.unscale_(self.optimizer)
         grad_norm = self._clip_gradients()
-        if not math.isfinite(grad_norm):
+        if not math.isfinite(grad_norm) and not self.scaler.is_enabled():
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(
                 f"gradient norm is {grad_norm} at inner step {self.steps_done} (loss {value})"
@@ -132,9 +134,29 @@ class InnerTrainer:
         lr = self._lr(self.steps_done)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
+        # With fp16 loss scaling an overflowing step is skipped and the scale lowered: a
+        # normal event, not a poisoned θ.
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.steps_done += 1
         return value
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """The batch's mean loss, its gradients accumulated over micro-batches."""
+        parts = max(1, x.shape[0] // self.cfg.micro_batch) if self.cfg.micro_batch else 1
+        total = 0.0
+        for xs, ys in zip(x.chunk(parts), y.chunk(parts), strict=True):
+            with autocast(self.device, self.precision):
+                loss = model_loss(self._forward, xs, ys) / parts
+            # .item() waits for the device; that is the price of refusing a bad loss before
+            # anything is applied, and is small next to a step of a real model.
+            value = loss.item()
+            if not math.isfinite(value):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError(f"loss is {value} at inner step {self.steps_done}")
+            self.scaler.scale(loss).backward()
+            total += value
+        return total
 
     def _clip_gradients(self) -> float:
         """Clip to ``cfg.grad_clip`` (0: no clipping); return the pre-clip global norm."""
@@ -158,7 +180,8 @@ class InnerTrainer:
         try:
             total = 0.0
             for x, y in batches:
-                loss = model_loss(self.model, x.to(self.device), y.to(self.device))
+                with autocast(self.device, self.precision):
+                    loss = model_loss(self._forward, x.to(self.device), y.to(self.device))
                 total += loss.item()
         finally:
             self.model.train()

@@ -339,6 +339,7 @@ def _factory(spec: str) -> Callable[..., object]:
 
 def _takes_labels(model: nn.Module) -> bool:
     """Whether ``model`` has the Hugging Face forward, ``forward(input_ids, labels=...)``."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper takes (*args)
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):

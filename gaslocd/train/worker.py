@@ -26,6 +26,7 @@ from gaslocd.algorithm.robust import ClipReport, TrustConfig, TrustRadius, all_f
 from gaslocd.config import OuterConfig, TrainConfig
 from gaslocd.train.checkpoint import build_payload, load_newest, save_checkpoint
 from gaslocd.train.data import BatchSampler, Corpus, fixed_batches
+from gaslocd.train.device import on_host, resolve_device
 from gaslocd.train.flat import FlatParameters, model_fingerprint
 from gaslocd.train.inner import InnerTrainer, NonFiniteLossError
 from gaslocd.train.model import build_model
@@ -92,8 +93,13 @@ class Worker:
     ) -> None:
         self.train_config = train
         self.worker_index = worker_index
+        self.device = resolve_device(train.device)
         model = build_model(
-            train.model, vocab_size=corpus.vocab_size, seq_len=train.seq_len, seed=train.seed
+            train.model,
+            vocab_size=corpus.vocab_size,
+            seq_len=train.seq_len,
+            seed=train.seed,
+            device=self.device,
         )
         self.fingerprint = model_fingerprint(model, train.model)
         self.flat = FlatParameters(model)
@@ -165,6 +171,7 @@ class Worker:
         θ non-finite is not taken: θ stays, m restarts from zero, and it is counted.
         """
         tilde = self.flat.flat
+        received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
         consensus = pairwise_consensus(tilde, received)
         change = abs(float(tilde.norm()) - float(self.theta_start.norm()))
         used, report = self.trust.clip(tilde, received, distance(self.theta_start, tilde), change)
@@ -184,7 +191,7 @@ class Worker:
     def outer_update_from_average(self, average_delta: torch.Tensor, cfg: OuterConfig) -> None:
         """DiLoCo: the outer step on the all-reduced pseudo-gradient Δ̄ = mean(θ − θ̃)."""
         with self.lock:
-            mixed = self.theta_start - average_delta
+            mixed = self.theta_start - average_delta.to(self.device)
             self.flat.load_(self.theta_start)
             outer_step_(self.flat.flat, self.momentum, mixed, cfg)
             self.theta_start = self.flat.clone()
@@ -196,10 +203,19 @@ class Worker:
     # -- snapshots, state transfer, checkpoints ---------------------------------------------
 
     def snapshot(self) -> Snapshot:
+        """Host copies (what GetState streams and checkpoints hold), whatever the device."""
         with self.lock:
             return Snapshot(
-                self.round, self.theta_start.clone(), self.momentum.clone(), self.trainer.steps_done
+                self.round,
+                self.theta_start.to("cpu", copy=True),
+                self.momentum.to("cpu", copy=True),
+                self.trainer.steps_done,
             )
+
+    def tilde_on_host(self) -> torch.Tensor:
+        """θ̃ as the wire encodes it: on the CPU (the live vector itself on a CPU worker,
+        so it must not change until the exchange is over)."""
+        return on_host(self.flat.flat)
 
     def adopt(self, round_: int, theta: torch.Tensor, momentum: torch.Tensor) -> None:
         """Take a live peer's state (a newcomer): θ, m and the round; inner state stays fresh."""
@@ -207,7 +223,7 @@ class Worker:
             if t.numel() != self.numel or not bool(torch.isfinite(t).all()):
                 raise ValueError(f"peer state {name} is not {self.numel} finite values")
         with self.lock:
-            self.theta_start = theta.detach().to(torch.float32).reshape(-1).clone()
+            self.theta_start = theta.detach().to(self.device, torch.float32).reshape(-1).clone()
             self.momentum.copy_(momentum.reshape(-1))
             self.round = round_
             self.flat.load_(self.theta_start)
@@ -220,8 +236,8 @@ class Worker:
             payload = build_payload(
                 fingerprint=self.fingerprint,
                 round=self.round,
-                theta=self.theta_start.clone(),
-                outer_momentum=self.momentum.clone(),
+                theta=self.theta_start.to("cpu", copy=True),
+                outer_momentum=self.momentum.to("cpu", copy=True),
                 inner=self.trainer.state_dict(),
                 extra={**extra, "worker_index": self.worker_index},
             )
@@ -235,7 +251,7 @@ class Worker:
             Path(directory) / CHECKPOINT_NAME, keep=keep, expected_fingerprint=self.fingerprint
         )
         with self.lock:
-            self.theta_start = payload["theta"].to(torch.float32).reshape(-1).clone()
+            self.theta_start = payload["theta"].to(self.device, torch.float32).reshape(-1).clone()
             self.momentum.copy_(payload["outer_momentum"])
             self.round = int(payload["round"])
             self.trainer.load_state_dict(payload["inner"])
