@@ -188,14 +188,18 @@ class RoundPolicy:
         return now + (fixed_deadline_s or FIRST_DEADLINE_S)
 
     def behind(self, t: int, records: Sequence[PeerRecord]) -> list[PeerRecord]:
-        """Active peers more than ``MAX_LEAD_ROUNDS`` behind round ``t``, and not stale:
-        wait for them."""
+        """Active peers more than ``MAX_LEAD_ROUNDS`` behind round ``t``: wait for them.
+
+        A stale peer (round unmoved for ``stale_after_s``) is not waited for while some
+        other peer's round moves: then the run goes on and that record is dead, wedged or
+        forged. When *every* other record is stale, we are the one cut off (a partition
+        keeps showing us their last records): pacing against them keeps our round from
+        racing ahead, so that after the heal our rounds still meet theirs.
+        """
+        others = [r for r in records if r.peer_id != self.me and r.active_from <= r.round]
+        moving = any(not self.stale(r) for r in others)
         return [
-            r
-            for r in records
-            if r.peer_id != self.me
-            and r.active_from <= r.round < t - MAX_LEAD_ROUNDS
-            and not self.stale(r)
+            r for r in others if r.round < t - MAX_LEAD_ROUNDS and not (moving and self.stale(r))
         ]
 
     def fill_wait(self, setup: RoundSetup, steps_done: int, now: float) -> FillWait | None:

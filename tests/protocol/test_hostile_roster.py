@@ -89,12 +89,23 @@ def test_a_newcomer_has_no_anchor_and_uses_the_median() -> None:
 def test_a_record_stuck_at_round_zero_stops_holding_others_back() -> None:
     policy = _policy(stale_after_s=120.0)
     stuck = _rec("stuck", 0)
-    policy.observe_roster(0.0, [_rec("me", 5), stuck])
-    assert policy.behind(5, [stuck]) == [stuck]  # at first it is waited for (bounded)
-    policy.observe_roster(119.0, [_rec("me", 9), stuck])
-    assert policy.behind(9, [stuck]) == [stuck]
-    policy.observe_roster(120.0, [_rec("me", 9), stuck])
-    assert policy.behind(9, [stuck]) == []  # unchanged for stale_after_s: ignored
+    policy.observe_roster(0.0, [_rec("me", 5), _rec("q", 5), stuck])
+    assert policy.behind(5, [stuck, _rec("q", 5)]) == [stuck]  # waited for at first
+    policy.observe_roster(119.0, [_rec("me", 9), _rec("q", 9), stuck])
+    assert policy.behind(9, [stuck, _rec("q", 9)]) == [stuck]
+    policy.observe_roster(120.0, [_rec("me", 9), _rec("q", 9), stuck])
+    # unchanged for stale_after_s while q's round moves: ignored
+    assert policy.behind(9, [stuck, _rec("q", 9)]) == []
+
+
+def test_when_every_other_record_is_stale_we_are_the_one_cut_off_and_keep_pace() -> None:
+    # A partition shows a cut-off peer the others' last records: racing ahead of them
+    # would leave its rounds apart from theirs after the heal.
+    policy = _policy(stale_after_s=10.0)
+    last = [_rec("a", 4), _rec("b", 4)]
+    policy.observe_roster(0.0, [_rec("me", 4), *last])
+    policy.observe_roster(60.0, [_rec("me", 7), *last])
+    assert policy.behind(7, last) == last
 
 
 def test_a_slow_peer_that_moves_is_still_waited_for() -> None:
@@ -107,11 +118,11 @@ def test_a_slow_peer_that_moves_is_still_waited_for() -> None:
 
 def test_a_stale_peer_that_moves_again_is_waited_for_again() -> None:
     policy = _policy(stale_after_s=10.0)
-    policy.observe_roster(0.0, [_rec("p", 1)])
-    policy.observe_roster(20.0, [_rec("p", 1)])
-    assert policy.behind(5, [_rec("p", 1)]) == []
-    policy.observe_roster(21.0, [_rec("p", 2)])
-    assert policy.behind(5, [_rec("p", 2)]) == [_rec("p", 2)]
+    policy.observe_roster(0.0, [_rec("p", 1), _rec("q", 4)])
+    policy.observe_roster(20.0, [_rec("p", 1), _rec("q", 5)])
+    assert policy.behind(5, [_rec("p", 1), _rec("q", 5)]) == []
+    policy.observe_roster(21.0, [_rec("p", 2), _rec("q", 5)])
+    assert policy.behind(5, [_rec("p", 2), _rec("q", 5)]) == [_rec("p", 2)]
 
 
 # -- state sources and fetched states ------------------------------------------------------
