@@ -43,24 +43,16 @@ def test_the_wheel_installs_and_runs_in_a_fresh_environment(tmp_path: Path) -> N
     install = ["--python", str(python), "install", "--no-deps", "-q", str(wheel)]
     subprocess.run([sys.executable, "-m", "pip", *install], check=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = subprocess.run(
-        [str(python), "-c", "import gaslocd, gaslocd.net.proto.peer_pb2; print(gaslocd.__file__)"],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=120,
-    ).stdout
+
+    def run(*argv: str) -> str:
+        done = subprocess.run(
+            argv, check=True, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120
+        )
+        return done.stdout
+
+    where = run(
+        str(python), "-c", "import gaslocd, gaslocd.net.proto.peer_pb2; print(gaslocd.__file__)"
+    )
     assert where.startswith(site), where  # the wheel's copy, not the source tree
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    shown = subprocess.run(
-        [str(env_dir / "bin" / "gaslocd"), "--version"],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=120,
-    ).stdout
-    assert shown.strip() == f"gaslocd {version}"
+    assert run(str(env_dir / "bin" / "gaslocd"), "--version").strip() == f"gaslocd {version}"

@@ -3,22 +3,7 @@
 from __future__ import annotations
 
 from gaslocd.protocol.policy import catch_up_round
-from gaslocd.protocol.records import PeerRecord
-
-
-def _rec(peer_id: str, round_: int, active_from: int = 0) -> PeerRecord:
-    return PeerRecord(
-        peer_id=peer_id,
-        address="127.0.0.1:1",
-        fingerprint="fp",
-        round=round_,
-        inner_steps=30,
-        step_time_s=0.1,
-        bandwidth_bytes_per_s=1e6,
-        version="0",
-        started_at=1.7e9,
-        active_from=active_from,
-    )
+from tests.protocol.records import record as _rec
 
 
 def test_catch_up_follows_the_others_only_when_clearly_behind() -> None:

@@ -16,20 +16,7 @@ from gaslocd.protocol.policy import (
     states_agree,
 )
 from gaslocd.protocol.records import PeerRecord
-
-
-def _rec(peer_id: str, round_: int, active_from: int = 0) -> PeerRecord:
-    return PeerRecord(
-        peer_id=peer_id,
-        address="127.0.0.1:1",
-        fingerprint="fp",
-        round=round_,
-        inner_steps=30,
-        step_time_s=0.1,
-        bandwidth_bytes_per_s=1e6,
-        version="0",
-        active_from=active_from,
-    )
+from tests.protocol.records import record as _rec
 
 
 def _policy(**kw: float) -> RoundPolicy:

@@ -25,6 +25,7 @@ from gaslocd.protocol.policy import (
     resync_sources,
 )
 from gaslocd.protocol.records import PeerRecord
+from tests.protocol.records import record as _rec
 
 
 class FakeClock:
@@ -34,27 +35,6 @@ class FakeClock:
     def advance(self, seconds: float) -> float:
         self.now += seconds
         return self.now
-
-
-def _rec(
-    peer_id: str,
-    round_: int = 0,
-    *,
-    step: float = 0.1,
-    bandwidth: float = 1e6,
-    active_from: int = 0,
-) -> PeerRecord:
-    return PeerRecord(
-        peer_id=peer_id,
-        address=f"{peer_id}:1",
-        fingerprint="fp",
-        round=round_,
-        inner_steps=10,
-        step_time_s=step,
-        bandwidth_bytes_per_s=bandwidth,
-        version="0",
-        active_from=active_from,
-    )
 
 
 ALGO = AlgoConfig(algo="gasloc", topology="1peer", inner_steps=10, adapt_h=True)

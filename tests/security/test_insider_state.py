@@ -13,23 +13,10 @@ import torch
 
 from gaslocd.daemon.membership import Membership, StartupError
 from gaslocd.net.state import PeerState
-from gaslocd.protocol.records import PeerRecord
+from tests.protocol.records import record as _rec
 
 N = 1000
 HONEST = torch.ones(N)
-
-
-def _rec(peer_id: str, round_: int) -> PeerRecord:
-    return PeerRecord(
-        peer_id=peer_id,
-        address=f"{peer_id}:1",
-        fingerprint="fp",
-        round=round_,
-        inner_steps=4,
-        step_time_s=0.1,
-        bandwidth_bytes_per_s=1e6,
-        version="0",
-    )
 
 
 class _Thread:
