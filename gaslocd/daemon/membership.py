@@ -19,7 +19,12 @@ from gaslocd.algorithm.robust import distance, norm_of
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.net.discovery import DiscoveryError
 from gaslocd.net.state import PeerState
-from gaslocd.protocol.policy import resync_sources, state_refusal, states_agree
+from gaslocd.protocol.policy import (
+    CATCH_UP_ROUNDS,
+    resync_sources,
+    state_refusal,
+    states_agree,
+)
 from gaslocd.protocol.records import PeerRecord
 
 log = logging.getLogger(__name__)
@@ -231,13 +236,17 @@ class Membership:
         return None
 
     async def _adopt(self, record: PeerRecord, state: PeerState) -> int:
+        """Take the state; and its round when we ran ahead of the run (alone while cut
+        off): the typical peer's round is the run's, and ours names pairings nobody else
+        draws. Round numbers only name pairings, so stepping back loses no training."""
         rt = self.rt
-        # Never step back: the wire refuses to reopen a round it already served.
+        round_ = max(state.round, rt.state.round)
+        if rt.state.round >= state.round + CATCH_UP_ROUNDS:
+            rt.server.rewind()
+            round_ = state.round
+            rt.progress(f"rejoining the run at round {round_} (we were at {rt.state.round})")
         await rt.thread.call(
-            rt.state.adopt,
-            max(state.round, rt.state.round),
-            state.tensors["theta"],
-            state.tensors["outer_momentum"],
+            rt.state.adopt, round_, state.tensors["theta"], state.tensors["outer_momentum"]
         )
         rt.progress(f"took state of round {state.round} from {record.address}")
         return state.round

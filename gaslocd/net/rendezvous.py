@@ -148,6 +148,14 @@ class RoundBoard:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def rewind(self) -> None:
+        """Close the open round and forget it, so that the next may have a lower number:
+        a peer that ran ahead of the run (alone, while cut off) steps back to the run's
+        round. Calls for the rounds in between are refused as before (no offer)."""
+        if self.offer is not None:
+            self.close(self.offer)
+        self.offer = None
+
     def close(self, offer: RoundOffer) -> None:
         """No new claims; running streams of the round see ``closed`` and stop."""
         offer.closed.set()

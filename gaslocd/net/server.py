@@ -18,11 +18,10 @@ daemon's choice — install it in the process entry point, not on import)::
 
 ``open_round`` publishes the offer at once, so a partner that finished its local steps
 first can already stream (its call waits, bounded, until we open). ``exchange_round``
-dials the partners we dial (:func:`~gaslocd.net.rendezvous.dials`), waits for the
-others' calls, and returns when every partner has an outcome or the deadline passed:
-a dead or late partner costs at most ``deadline_s``. On return the round is closed and
-nothing of it is still running (no task, no thread writing a buffer), so θ̃ may be
-changed. θ̃ must not be changed between ``open_round`` and the end of ``exchange_round``.
+dials the partners we dial (:func:`~gaslocd.net.rendezvous.dials`), waits for the others'
+calls, and returns when every partner has an outcome or the deadline passed (a dead or
+late partner costs at most ``deadline_s``), with nothing of the round still running, so
+θ̃ may change then, and not between ``open_round`` and the end of ``exchange_round``.
 """
 
 from __future__ import annotations
@@ -158,12 +157,6 @@ class ExchangeServer:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def __aenter__(self) -> ExchangeServer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
     @property
     def client(self) -> PeerClient:
         """Outgoing calls that are not exchanges: ``fetch_state``, ``status``."""
@@ -178,6 +171,11 @@ class ExchangeServer:
         self._status_provider = provider
 
     # -- rounds ------------------------------------------------------------------------
+
+    def rewind(self) -> None:
+        """Let the next ``open_round`` have a lower round (:meth:`RoundBoard.rewind`)."""
+        if self._board is not None:
+            self._board.rewind()
 
     async def open_round(
         self,

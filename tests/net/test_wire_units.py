@@ -255,3 +255,19 @@ def test_duplex_failure_cancels_the_other_side() -> None:
         assert asyncio.all_tasks() == {asyncio.current_task()}  # nothing left behind
 
     run(scenario())
+
+
+def test_a_rewound_board_opens_a_lower_round_and_only_then() -> None:
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            board = RoundBoard("m", round_lead=1)
+            old = _offer(40, {"a": "x"}, pool)
+            board.open(old)
+            with pytest.raises(ValueError, match="not after"):
+                board.open(_offer(12, {"a": "x"}, pool))
+            board.rewind()  # we ran ahead of the run: back to its round
+            assert old.closed.is_set() and board.latest_round is None
+            board.open(_offer(12, {"a": "x"}, pool))
+            assert board.latest_round == 12
+
+    asyncio.run(scenario())
