@@ -119,7 +119,7 @@ class Discovery:
         announce_host: str | None = None,
         record_ttl_s: float = 30.0,
         request_timeout_s: float = 5.0,
-        start_timeout_s: float = 30.0,
+        start_timeout_s: float = 60.0,
         token: str = "",
         identity_path: str | None = None,
     ) -> None:

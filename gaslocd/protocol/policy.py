@@ -51,7 +51,11 @@ STALE_AFTER_S = 2 * FIRST_DEADLINE_S  # a round unchanged this long holds nobody
 # A fetched state's outer momentum larger than this × ‖θ‖ is not a real run's: m sums
 # pseudo-gradients, a few percent of θ each, decayed by μ (‖m‖ ≲ ‖G‖ / (1 − μ)).
 MAX_MOMENTUM_RATIO = 1.0
-STATE_ROUND_SLACK = 4  # a fetched round this far from its source's record is refused
+STATE_ROUND_SLACK = 4  # a fetched round this far behind its source's record is refused
+# ... and this far ahead of it: a record is refreshed once a heartbeat, so with rounds of
+# a fraction of a second the live round runs well ahead of it (7 ahead of a round-0
+# record was seen in a test under packet loss); a forged huge round stays refused.
+STATE_ROUND_LEAD = 256
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ def state_refusal(
 ) -> str | None:
     """Why a fetched state must not be adopted (None: it may): its round far from what
     its source publishes, or an outer momentum no real run has."""
-    if abs(round_ - source.round) > STATE_ROUND_SLACK:
+    if not source.round - STATE_ROUND_SLACK <= round_ <= source.round + STATE_ROUND_LEAD:
         return f"round {round_} is far from its source's record (round {source.round})"
     if not (math.isfinite(theta_norm) and math.isfinite(momentum_norm)):
         return "non-finite state"

@@ -9,6 +9,7 @@ import math
 from gaslocd.protocol.policy import (
     JUMP_SLACK_ROUNDS,
     MAX_MOMENTUM_RATIO,
+    STATE_ROUND_LEAD,
     STATE_ROUND_SLACK,
     RoundPolicy,
     resync_sources,
@@ -126,6 +127,9 @@ def test_a_state_out_of_range_is_refused() -> None:
     source = _rec("a", 100)
     assert state_refusal(source, 100, theta_norm=10.0, momentum_norm=1.0) is None
     assert state_refusal(source, 100 + STATE_ROUND_SLACK, 10.0, 1.0) is None
+    # the live round runs ahead of a record refreshed once a heartbeat
+    assert state_refusal(source, 100 + STATE_ROUND_LEAD, 10.0, 1.0) is None
+    assert "round" in str(state_refusal(source, 101 + STATE_ROUND_LEAD, 10.0, 1.0))
     assert "round" in str(state_refusal(source, 2**60, 10.0, 1.0))
     assert "round" in str(state_refusal(source, 100 - STATE_ROUND_SLACK - 1, 10.0, 1.0))
     assert "momentum" in str(state_refusal(source, 100, 10.0, 10.0 * MAX_MOMENTUM_RATIO + 1))

@@ -117,6 +117,7 @@ class HostileNode(_LoopThread):
             token=token,
             record_ttl_s=10.0,
             identity_path=None if identity is None else str(identity),
+            start_timeout_s=120.0,  # a loaded 2-core CI machine can take over 30 s
         )
         self.discovery.start()
         d = self.discovery

@@ -26,6 +26,7 @@ from gaslocd.protocol.records import PeerRecord
 pytestmark = [pytest.mark.net]
 T = TypeVar("T")
 RUN, TOKEN = "sec", "s3cret"
+SLOW_START_S = 120.0  # a loaded 2-core CI machine can take over 30 s to start a node
 
 
 def _record(peer_id: str, **changes: Any) -> PeerRecord:
@@ -68,10 +69,16 @@ class Outsider:
 @pytest.fixture
 def pair() -> Iterator[list[Discovery]]:
     """Two honest nodes of the run, both holding the token."""
-    nodes = [Discovery(RUN, token=TOKEN, record_ttl_s=60.0)]
+    nodes = [Discovery(RUN, token=TOKEN, record_ttl_s=60.0, start_timeout_s=SLOW_START_S)]
     try:
         nodes[0].start()
-        nodes.append(Discovery(RUN, token=TOKEN, initial_peers=nodes[0].bootstrap_addresses()))
+        joiner = Discovery(
+            RUN,
+            token=TOKEN,
+            initial_peers=nodes[0].bootstrap_addresses(),
+            start_timeout_s=SLOW_START_S,
+        )
+        nodes.append(joiner)
         nodes[1].start()
         yield nodes
     finally:
@@ -195,7 +202,12 @@ def test_an_insider_cannot_publish_an_absurd_round(pair: list[Discovery]) -> Non
 def test_a_joiner_with_another_token_is_told_at_start(pair: list[Discovery]) -> None:
     nodes = pair
     asyncio.run(_publish_all(nodes))
-    stranger = Discovery(RUN, token="guess", initial_peers=nodes[0].bootstrap_addresses())
+    stranger = Discovery(
+        RUN,
+        token="guess",
+        initial_peers=nodes[0].bootstrap_addresses(),
+        start_timeout_s=SLOW_START_S,
+    )
     try:
         with pytest.raises(DiscoveryError, match="refused our join token"):
             stranger.start()
