@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 # Small and fast: a tiny model on short sequences, a few steps per round.
 FAST_FLAGS = [
     "--seq-len", "32", "--batch-size", "4", "--eval-batches", "2", "--warmup-steps", "2",
@@ -22,16 +24,40 @@ FAST_FLAGS = [
 ]  # fmt: skip
 
 
+def gaslocd_argv(args: list[str]) -> list[str]:
+    """``python -m gaslocd`` with ``args``, quiet below warnings (progress lines stay)."""
+    return [sys.executable, "-m", "gaslocd", "--log-level", "WARNING", *args]
+
+
+def wait_checkpoint(path: Path, timeout_s: float) -> dict[str, object]:
+    """The checkpoint at ``path`` once it exists and reads whole (polled, bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return torch.load(path, weights_only=True)  # type: ignore[no-any-return]
+        except (OSError, RuntimeError, EOFError):
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)  # polling for a file, bounded by the deadline above
+
+
 class Daemon:
     """One ``gaslocd`` process whose output lines are collected as they come."""
 
     def __init__(
-        self, args: list[str], reaper: list[subprocess.Popen[bytes]], name: str = "d"
+        self,
+        args: list[str],
+        reaper: list[subprocess.Popen[bytes]],
+        name: str = "d",
+        *,
+        command: list[str] | None = None,
     ) -> None:
+        """``command`` replaces the whole command line (another entry point, or one run
+        inside a network namespace); by default ``python -m gaslocd`` with ``args``."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.name = name
         self.proc: subprocess.Popen[bytes] = subprocess.Popen(
-            [sys.executable, "-m", "gaslocd", "--log-level", "WARNING", *args],
+            command or gaslocd_argv(args),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,

@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -29,7 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 
 from gaslocd.net.auth import CallAuth
 from gaslocd.net.roster_auth import peer_id_of_owner
-from tests.daemon.procs import FAST_FLAGS, Daemon, start_first
+from tests.daemon.procs import FAST_FLAGS, Daemon, start_first, wait_checkpoint
 from tests.faults.fuzz import (
     SWEEP,
     Case,
@@ -64,17 +63,6 @@ def _rejected(metrics_port: int) -> Counter[str]:
     return out
 
 
-def _wait_checkpoint(path: Path, timeout_s: float) -> dict[str, object]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return torch.load(path, weights_only=True)  # type: ignore[no-any-return]
-        except (OSError, RuntimeError, EOFError):
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(0.2)  # polling for a file, bounded by the deadline above
-
-
 def test_fuzzed_daemon_refuses_counts_and_keeps_training(
     tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -96,7 +84,7 @@ def test_fuzzed_daemon_refuses_counts_and_keeps_training(
     # The smaller id dials; the other accepts, so its partner's slot is the one to steal.
     acc = max(range(2), key=lambda i: ids[i].group(1))
     victim, partner = daemons[acc], ids[1 - acc].group(1)
-    saved = _wait_checkpoint(tmp_path / f"c{acc}" / "checkpoint.pt", 60)
+    saved = wait_checkpoint(tmp_path / f"c{acc}" / "checkpoint.pt", 60)
     theta = saved["theta"]
     assert isinstance(theta, torch.Tensor)
     key = RSAPrivateKey()  # the insider's own: its id is its key's (a self-certified caller)

@@ -5,19 +5,16 @@ and removed by the test; as root only (the test says why it skips otherwise)."""
 from __future__ import annotations
 
 import math
-import os
-import queue
 import signal
 import statistics
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.daemon.procs import FAST_FLAGS, Daemon
+from tests.daemon.procs import FAST_FLAGS, Daemon, gaslocd_argv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import netns
@@ -38,20 +35,8 @@ class NsDaemon(Daemon):
     def __init__(
         self, lab: netns.NetLab, i: int, args: list[str], reaper: list[subprocess.Popen[bytes]]
     ) -> None:
-        # Not Daemon.__init__: it starts the process itself, outside the namespace.
-        argv = [sys.executable, "-m", "gaslocd", "--log-level", "WARNING", *args]
-        self.name = f"n{i}"
-        self.proc = subprocess.Popen(
-            lab.exec_argv(i, [*argv, "--host", lab.address(i)]),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
-        reaper.append(self.proc)
-        self.lines = []
-        self._queue = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        argv = gaslocd_argv([*args, "--host", lab.address(i)])
+        super().__init__(args, reaper, f"n{i}", command=lab.exec_argv(i, argv))
 
 
 @pytest.fixture

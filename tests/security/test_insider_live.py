@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import queue
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -34,18 +31,8 @@ class InsiderDaemon(Daemon):
     """:class:`Daemon`, started through ``insider_daemon.py`` instead of ``-m gaslocd``."""
 
     def __init__(self, args: list[str], reaper: list[subprocess.Popen[bytes]]) -> None:
-        self.name = "insider"
-        self.proc = subprocess.Popen(
-            [sys.executable, str(INSIDER), "--log-level", "WARNING", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
-        reaper.append(self.proc)
-        self.lines = []
-        self._queue = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        command = [sys.executable, str(INSIDER), "--log-level", "WARNING", *args]
+        super().__init__(args, reaper, "insider", command=command)
 
 
 def test_an_insider_at_the_bound_is_clipped_and_the_victim_trains_on(

@@ -22,14 +22,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-import torch
 from hivemind.utils.crypto import RSAPrivateKey
 
 from gaslocd.net.auth import CallAuth, Metadata
 from gaslocd.net.client import GET_STATE, READY
 from gaslocd.net.proto import peer_pb2 as pb
 from gaslocd.net.roster_auth import peer_id_of_owner
-from tests.daemon.procs import FAST_FLAGS, Daemon, start_first
+from tests.daemon.procs import FAST_FLAGS, Daemon, start_first, wait_checkpoint
 from tests.faults.fuzz import free_port
 from tests.net.hostile import HostilePeer
 from tests.security.nodes import HostileNode, IdleStrangers, identity_above
@@ -70,7 +69,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         )  # fmt: skip
         second.wait_for(r"exchanged 1/1", 180)
         found = [d.find(r"peer (\S+) run (\S+) gRPC (\S+)") for d in (first, second)]
-        saved = _checkpoint(tmp / "c0" / "checkpoint.pt", 60)
+        saved = wait_checkpoint(tmp / "c0" / "checkpoint.pt", 60)
         yield Site(
             [first, second],
             [m.group(1) for m in found],
@@ -93,17 +92,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             proc.wait(30)
             if proc.stdout is not None:
                 proc.stdout.close()
-
-
-def _checkpoint(path: Path, timeout_s: float) -> dict[str, object]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return torch.load(path, weights_only=True)  # type: ignore[no-any-return]
-        except (OSError, RuntimeError, EOFError):
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(0.2)  # polling for a file, bounded by the deadline above
 
 
 def _refused(port: int) -> Counter[str]:
