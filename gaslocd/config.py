@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 ALGOS = ("gasloc", "diloco", "dadam", "local-dadam")
 TOPOLOGIES = ("1peer", "2peer", "ring", "exp", "complete")
-CODECS = ("fp32", "fp16", "bf16", "int8")
+CODECS = ("fp32", "fp16", "bf16", "int8", "q4")
 
 
 def _check(ok: bool, message: str) -> None:

@@ -1,6 +1,7 @@
 """Codecs: how a flat float32 parameter vector θ̃ becomes bytes on the wire and back.
 
-Four codecs, chosen by name (``fp32``, ``fp16``, ``bf16``, ``int8``). Every codec maps a
+Five codecs, chosen by name (``fp32``, ``fp16``, ``bf16``, ``int8``, ``q4``), in that
+order of fidelity and of size (4, 2, 2, ≈1, ≈0.56 bytes per value). Every codec maps a
 1-D float32 tensor to a 1-D uint8 tensor (the exact bytes sent) and back. Pure torch: this
 module imports neither grpc nor hivemind, so the simulator's in-memory transport uses the
 very same code as the gRPC wire.
@@ -18,12 +19,16 @@ int8 is blockwise absmax: per block of 1024 elements, ``scale = max|x| / 127`` a
 ``q = round(x / scale)`` in [-127, 127] (symmetric, so -128 is never produced and zero is
 exact). 1024 keeps the scale overhead at 0.4 % (the message is 3.98× smaller than fp32)
 while a block is still small enough that one large weight does not flatten its neighbours.
+q4 is the same scheme at 4 bits (levels -7..7, two per byte, blocks of 64, each with its
+own float32 scale in front): see :mod:`gaslocd.net.q4` for the layout and the measurements
+behind the block size. It is meant for links too slow to carry int8 within a round.
 
 Non-finite input is not refused here (the codec has no opinion about the model): fp16
-overflows to inf beyond 65504, and an int8 block holding inf or NaN decodes to NaN. The
-receiver's finite check refuses both, so a bad value never reaches θ silently.
+overflows to inf beyond 65504, and an int8 or q4 block holding inf or NaN decodes to NaN.
+The receiver's finite check refuses both, so a bad value never reaches θ silently.
 
-Error feedback: see :class:`ErrorFeedback`.
+Error feedback: see :class:`ErrorFeedback`, and :class:`FeedbackBank` when a sender uses
+more than one codec at a time (a codec per link).
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import threading
 
 import torch
 
-CODEC_NAMES = ("fp32", "fp16", "bf16", "int8")
+from gaslocd.net import q4
+
+CODEC_NAMES = ("fp32", "fp16", "bf16", "int8", "q4")
 INT8_BLOCK = 1024
 _SCALE_BYTES = 4  # one float32 scale per int8 block
 
@@ -110,18 +117,30 @@ class _Float(Codec):
         out.copy_(data.view(self.dtype))
 
 
-class _Int8(Codec):
-    """Blockwise absmax int8; per block: 4 bytes float32 scale, then the int8 values."""
+class _Blockwise(Codec):
+    """Blockwise absmax codecs: per block, a float32 scale, then the block's codes.
 
-    name = "int8"
+    Subclasses give the size of one encoded row and the two row kernels; full blocks are
+    coded as one (blocks, row) view, a vector's last partial block as one shorter row.
+    """
+
     lossless = False
 
-    def __init__(self, block: int = INT8_BLOCK) -> None:
+    def __init__(self, block: int) -> None:
         self.block_elems = block
 
+    def _row_bytes(self, elems: int) -> int:
+        raise NotImplementedError
+
+    def _encode_rows(self, x: torch.Tensor, rows: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _decode_rows(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        raise NotImplementedError
+
     def encoded_nbytes(self, numel: int) -> int:
-        nblocks = -(-numel // self.block_elems)
-        return numel + _SCALE_BYTES * nblocks
+        full, rem = self._split(numel)
+        return full * self._row_bytes(self.block_elems) + (self._row_bytes(rem) if rem else 0)
 
     def _split(self, n: int) -> tuple[int, int]:
         full = n // self.block_elems
@@ -131,25 +150,59 @@ class _Int8(Codec):
         self._check_sizes(out, src, "src")
         b = self.block_elems
         full, rem = self._split(src.numel())
-        row = b + _SCALE_BYTES
+        row = self._row_bytes(b)
         if full:
-            _encode_rows(src[: full * b].view(full, b), out[: full * row].view(full, row))
+            self._encode_rows(src[: full * b].view(full, b), out[: full * row].view(full, row))
         if rem:
-            _encode_rows(
-                src[full * b :].view(1, rem), out[full * row :].view(1, rem + _SCALE_BYTES)
-            )
+            self._encode_rows(src[full * b :].view(1, rem), out[full * row :].view(1, -1))
 
     def decode(self, data: torch.Tensor, out: torch.Tensor) -> None:
         self._check_sizes(data, out, "out")
         b = self.block_elems
         full, rem = self._split(out.numel())
-        row = b + _SCALE_BYTES
+        row = self._row_bytes(b)
         if full:
-            _decode_rows(data[: full * row].view(full, row), out[: full * b].view(full, b))
+            self._decode_rows(data[: full * row].view(full, row), out[: full * b].view(full, b))
         if rem:
-            _decode_rows(
-                data[full * row :].view(1, rem + _SCALE_BYTES), out[full * b :].view(1, rem)
-            )
+            self._decode_rows(data[full * row :].view(1, -1), out[full * b :].view(1, rem))
+
+
+class _Int8(_Blockwise):
+    """Blockwise absmax int8; per block: 4 bytes float32 scale, then the int8 values."""
+
+    name = "int8"
+
+    def __init__(self, block: int = INT8_BLOCK) -> None:
+        super().__init__(block)
+
+    def _row_bytes(self, elems: int) -> int:
+        return _SCALE_BYTES + elems
+
+    def _encode_rows(self, x: torch.Tensor, rows: torch.Tensor) -> None:
+        _encode_rows(x, rows)
+
+    def _decode_rows(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        _decode_rows(rows, out)
+
+
+class _Q4(_Blockwise):
+    """Blockwise absmax 4-bit (:mod:`gaslocd.net.q4`): a float32 scale, then 2 codes a byte."""
+
+    name = "q4"
+
+    def __init__(self, block: int = q4.Q4_BLOCK) -> None:
+        if block % 2:
+            raise ValueError(f"a q4 block holds whole bytes: an even size, got {block}")
+        super().__init__(block)
+
+    def _row_bytes(self, elems: int) -> int:
+        return q4.row_bytes(elems)
+
+    def _encode_rows(self, x: torch.Tensor, rows: torch.Tensor) -> None:
+        q4.encode_rows(x, rows)
+
+    def _decode_rows(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        q4.decode_rows(rows, out)
 
 
 def _encode_rows(x: torch.Tensor, rows: torch.Tensor) -> None:
@@ -182,6 +235,7 @@ _CODECS: dict[str, Codec] = {
     "fp16": _Float("fp16", torch.float16, lossless=False),
     "bf16": _Float("bf16", torch.bfloat16, lossless=False),
     "int8": _Int8(),
+    "q4": _Q4(),
 }
 
 
@@ -232,6 +286,19 @@ class ErrorFeedback:
     (one round's error, not a drift): a round whose weight is renormalized (a partner
     dropped) or whose message nobody received still advances the residual.
 
+    With a codec per link (:class:`FeedbackBank`) a sender sends up to one message *per
+    codec* in a round, all from the same θ̃. The telescoping argument holds per message
+    stream: a stream's residual must be the error of *that stream's* last message, or
+    ``q_t − x_t = e_t − e_{t+1}`` no longer holds for it. One residual shared by two codecs
+    in one round would take θ̃ in twice (each encoding adds x to it) and send about 2·θ̃
+    in the second codec. So each codec keeps its own residual, advanced once per round in
+    which it is used. The limit is the per-link one above, at a smaller scale: a codec's
+    residual waits while no link of this sender uses that codec, and the weight its stream
+    carries changes as links move between codecs. Each such change leaves (the change of
+    weight) × (one residual of that codec, under a quantization step) in the mean: an error
+    per change of codec, bounded, not one per round, as long as links do not flip between
+    codecs every round.
+
     Memory: the residual (numel float32) plus one chunk of scratch per thread;
     ``encode_chunk`` works span by span so a streaming sender never holds a second
     full-size float copy. Different chunks may be encoded from different threads at once.
@@ -272,6 +339,39 @@ class ErrorFeedback:
         for e0, e1, b0, b1 in chunk_spans(self.codec, self.numel, 4 << 20):
             self.encode_chunk(src[e0:e1], e0, out[b0:b1])
         return out
+
+
+class FeedbackBank:
+    """One :class:`ErrorFeedback` per codec a sender actually uses, created on first use.
+
+    For a sender whose partners may each get a different codec in the same round (a codec
+    per link): each codec's message stream keeps its own residual (see the last paragraph
+    of :class:`ErrorFeedback` for why one shared residual would be wrong). A codec never
+    used costs nothing; lossless codecs need no residual (:meth:`for_codec` gives None).
+    The residuals of codecs a sender stopped using are kept: they are still owed to the
+    network mean and go out with that codec's next message.
+    """
+
+    def __init__(self, numel: int) -> None:
+        if numel < 0:
+            raise ValueError(f"numel must be >= 0, got {numel}")
+        self.numel = numel
+        self._feedback: dict[str, ErrorFeedback] = {}
+
+    def for_codec(self, codec: str | Codec) -> ErrorFeedback | None:
+        """The residual for ``codec`` (a name or a codec), None for a lossless one."""
+        c = get_codec(codec) if isinstance(codec, str) else codec
+        if c.lossless:
+            return None
+        fb = self._feedback.get(c.name)
+        if fb is None:
+            fb = self._feedback[c.name] = ErrorFeedback(c, self.numel)
+        return fb
+
+    @property
+    def codecs(self) -> tuple[str, ...]:
+        """The lossy codecs that have a residual, in order of first use."""
+        return tuple(self._feedback)
 
 
 def roundtrip(

@@ -12,17 +12,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gaslocd.net.codecs import (
+    _Q4,
     CODEC_NAMES,
     INT8_BLOCK,
     ErrorFeedback,
+    FeedbackBank,
     chunk_spans,
     get_codec,
     roundtrip,
 )
+from gaslocd.net.q4 import Q4_BLOCK
 
 # Relative L2 error bounds on standard-normal data. fp16 keeps 11 significant bits
-# (≈ 2e-4 measured), bf16 8 bits (≈ 1.7e-3), int8 blockwise ≈ 7.9e-3 with 1024-blocks.
-REL_ERROR_BOUND = {"fp32": 0.0, "fp16": 4e-4, "bf16": 3e-3, "int8": 1.2e-2}
+# (≈ 2e-4 measured), bf16 8 bits (≈ 1.7e-3), int8 blockwise ≈ 7.9e-3 with 1024-blocks,
+# q4 ≈ 0.108 with 64-blocks (the table in gaslocd/net/q4.py, from bench/codecs.py).
+REL_ERROR_BOUND = {"fp32": 0.0, "fp16": 4e-4, "bf16": 3e-3, "int8": 1.2e-2, "q4": 0.125}
 SIZES = [1, 7, INT8_BLOCK - 1, INT8_BLOCK, INT8_BLOCK + 1, 3 * INT8_BLOCK + 5, 100_003]
 
 
@@ -35,7 +39,7 @@ def _rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_unknown_codec_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="fp32, fp16, bf16, int8"):
+    with pytest.raises(ValueError, match="fp32, fp16, bf16, int8, q4"):
         get_codec("zstd")
     assert [get_codec(n).name for n in CODEC_NAMES] == list(CODEC_NAMES)
 
@@ -62,6 +66,10 @@ def test_encoded_sizes() -> None:
     assert get_codec("bf16").encoded_nbytes(n) == 2 * n
     assert get_codec("int8").encoded_nbytes(n) == n + 4 * 11
     assert get_codec("int8").encoded_nbytes(0) == 0
+    # q4: 64-blocks of a float32 scale + 32 bytes; the last block holds 3 values: 4 + 2
+    assert get_codec("q4").encoded_nbytes(n) == (n // Q4_BLOCK) * (4 + 32) + 4 + 2
+    assert get_codec("q4").encoded_nbytes(Q4_BLOCK) == 36
+    assert get_codec("q4").encoded_nbytes(0) == 0
 
 
 @settings(max_examples=40, deadline=None)
@@ -84,6 +92,57 @@ def test_int8_zero_block_is_exact_and_inf_decodes_to_nan() -> None:
     y = roundtrip(get_codec("int8"), x)
     assert torch.equal(y[:INT8_BLOCK], torch.zeros(INT8_BLOCK))
     assert not torch.isfinite(y[INT8_BLOCK:]).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(numel=st.integers(1, 700), scale=st.floats(1e-6, 1e4), seed=st.integers(0, 2**31))
+def test_q4_elementwise_error_is_half_a_step_of_its_block(
+    numel: int, scale: float, seed: int
+) -> None:
+    x = _randn(numel, seed) * scale
+    y = roundtrip(get_codec("q4"), x)
+    blocks = torch.nn.functional.pad(x, (0, -numel % Q4_BLOCK)).view(-1, Q4_BLOCK)
+    half_step = blocks.abs().amax(1) / 14  # levels -7..7: a step is absmax / 7
+    err = torch.nn.functional.pad((y - x).abs(), (0, -numel % Q4_BLOCK)).view(-1, Q4_BLOCK)
+    assert bool((err.amax(1) <= half_step * (1 + 1e-5) + 1e-30).all())
+
+
+def test_q4_levels_are_exact_and_the_layout_is_scale_then_low_nibble_first() -> None:
+    levels = torch.arange(-7.0, 8.0) * 0.25  # absmax 1.75: a step of exactly 0.25
+    x = torch.cat([levels, torch.zeros(Q4_BLOCK - 15), levels[:3]])  # a block and 3 more
+    codec = get_codec("q4")
+    assert torch.equal(roundtrip(codec, x), x)
+    data = codec.encode(x)
+    assert data.numel() == 36 + 4 + 2
+    assert torch.equal(data[:4].view(torch.float32), torch.tensor([0.25]))
+    # codes q + 8: -7 → 1 (low nibble), -6 → 2 (high nibble); 0 → 8
+    assert data[4].item() == 1 | 2 << 4 and data[4 + 31].item() == 8 | 8 << 4
+    tail = data[36:]
+    assert torch.equal(tail[:4].view(torch.float32), torch.tensor([-1.75 / -7]))
+    assert tail[4].item() == 1 | 2 << 4 and tail[5].item() == 3 | 8 << 4  # padded with 0
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_q4_non_finite_block_decodes_to_nan_and_leaves_the_others(bad: float) -> None:
+    x = _randn(3 * Q4_BLOCK + 5)
+    x[Q4_BLOCK + 9] = bad
+    y = roundtrip(get_codec("q4"), x)
+    assert bool(y[Q4_BLOCK : 2 * Q4_BLOCK].isnan().all())  # refused by the finite check
+    others = torch.cat([y[:Q4_BLOCK], y[2 * Q4_BLOCK :]])
+    assert bool(torch.isfinite(others).all())
+
+
+def test_q4_extreme_but_finite_blocks_stay_finite() -> None:
+    tiny = torch.full((Q4_BLOCK,), 1e-45)  # subnormal: 7 / absmax overflows, sent as zeros
+    huge = 3e38 * torch.linspace(-1.0, 1.0, Q4_BLOCK)
+    y = roundtrip(get_codec("q4"), torch.cat([tiny, huge]))
+    assert torch.equal(y[:Q4_BLOCK], torch.zeros(Q4_BLOCK))
+    assert bool(torch.isfinite(y).all()) and float(y.abs().max()) == pytest.approx(3e38)
+
+
+def test_q4_block_must_be_even() -> None:
+    with pytest.raises(ValueError, match="even"):
+        _Q4(33)
 
 
 def test_fp16_overflow_is_visible_to_the_receiver() -> None:
@@ -179,6 +238,79 @@ def test_error_feedback_keeps_the_network_mean_unbiased_when_partners_change() -
     assert late_plain > 3 * early_plain  # without EF the bias grows with the rounds
     assert late_ef < 2 * early_ef + 1e-4  # with EF it stays bounded
     assert late_ef < late_plain / 20
+
+
+@pytest.mark.parametrize("name", ["int8", "q4"])
+def test_error_feedback_makes_both_lossy_codecs_converge(name: str) -> None:
+    codec, x = get_codec(name), _randn(5000, 6)
+    fb = ErrorFeedback(codec, x.numel())
+    with_ef = sum(roundtrip(codec, x, fb) for _ in range(100)) / 100
+    plain = roundtrip(codec, x)
+    assert float((with_ef - x).abs().max()) < float((plain - x).abs().max()) / 20
+
+
+def test_feedback_bank_keeps_one_residual_per_lossy_codec() -> None:
+    bank = FeedbackBank(100)
+    assert bank.for_codec("fp32") is None and bank.codecs == ()
+    q4 = bank.for_codec("q4")
+    assert q4 is not None and q4.codec is get_codec("q4") and q4.numel == 100
+    assert bank.for_codec(get_codec("q4")) is q4  # by name or by codec: the same one
+    assert bank.for_codec("int8") not in (None, q4)
+    assert bank.codecs == ("q4", "int8")
+    with pytest.raises(ValueError, match="unknown codec"):
+        bank.for_codec("zstd")
+    with pytest.raises(ValueError, match="numel"):
+        FeedbackBank(-1)
+
+
+def test_a_codec_per_partner_in_the_same_round_is_unbiased_for_every_partner() -> None:
+    """One sender, the same θ̃ every round, two partners: one gets int8, one q4, each
+    round. Each partner's running mean converges to θ̃, because each codec's stream has
+    its own residual (a shared one would take θ̃ in twice a round)."""
+    x = _randn(5000, 7)
+    bank, rounds = FeedbackBank(x.numel()), 100
+    got = {name: torch.zeros_like(x) for name in ("int8", "q4")}
+    for _ in range(rounds):
+        for name in got:
+            got[name] += roundtrip(get_codec(name), x, bank.for_codec(name))
+    for name, total in got.items():
+        one = float((roundtrip(get_codec(name), x) - x).abs().max())
+        assert float((total / rounds - x).abs().max()) < one / 20, name
+
+
+def _switching_gossip_bias(use_ef: bool, rounds: int) -> float:
+    """As _gossip_mean_bias, but each message's codec is drawn per link and round from
+    (int8, q4): residuals per codec keep the network mean's bias bounded."""
+    n, d, names = 8, 4096, ("int8", "q4")
+    gen = torch.Generator().manual_seed(2)
+    xs = torch.randn(n, d, generator=gen)
+    drift = 1e-3 * torch.rand(n, d, generator=gen)
+    banks = [FeedbackBank(d) for _ in range(n)]
+    exact_mean = xs.mean(0)
+    for _ in range(rounds):
+        xs += drift
+        exact_mean = exact_mean + drift.mean(0)
+        sent = []
+        for i in range(n):
+            name = names[int(torch.randint(2, (1,), generator=gen))]
+            sent.append(
+                roundtrip(get_codec(name), xs[i], banks[i].for_codec(name) if use_ef else None)
+            )
+        pairs = torch.randperm(n, generator=gen).view(-1, 2).tolist()
+        mixed = xs.clone()
+        for a, b in pairs:
+            mixed[a] = (xs[a] + sent[b]) / 2
+            mixed[b] = (xs[b] + sent[a]) / 2
+        xs = mixed
+    return float((xs.mean(0) - exact_mean).abs().mean())
+
+
+def test_per_codec_feedback_keeps_the_mean_unbiased_when_codecs_switch() -> None:
+    early_plain, late_plain = _switching_gossip_bias(False, 30), _switching_gossip_bias(False, 150)
+    early_ef, late_ef = _switching_gossip_bias(True, 30), _switching_gossip_bias(True, 150)
+    assert late_plain > 1.5 * early_plain  # without EF the bias grows with the rounds
+    assert late_ef < 1.5 * early_ef + 1e-3  # with EF it stays bounded
+    assert late_ef < late_plain / 5
 
 
 def test_error_feedback_on_a_lossless_codec_keeps_no_residual() -> None:
