@@ -26,6 +26,10 @@ def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
     _check(value in choices, f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
+def _at_least(name: str, value: int, low: int, note: str = "") -> None:
+    _check(value >= low, f"{name} must be >= {low}{note}, got {value}")
+
+
 def _positive(name: str, value: float) -> None:
     _check(math.isfinite(value) and value > 0, f"{name} must be a finite number > 0, got {value!r}")
 
@@ -64,6 +68,9 @@ class AlgoConfig:
     adapt_h: bool = False
     h_min: int = 1
     h_max: int | None = None
+    # Train the next round while this round's θ̃ is on the wire; the outer step lands
+    # one round late (docs/design.md §1 "Overlap").
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         _check(self.algo in ALGOS, f"algo must be one of {', '.join(ALGOS)}; got {self.algo!r}")
@@ -76,6 +83,11 @@ class AlgoConfig:
         _check(
             self.h_max is None or self.h_max >= self.h_min,
             f"h_max ({self.h_max}) must be >= h_min ({self.h_min})",
+        )
+        _check(
+            not (self.overlap and self.topology == "complete"),
+            "--overlap overlaps gossip exchanges; a complete topology is DiLoCo's all-reduce "
+            "barrier, which it does not change",
         )
         if self.algo == "diloco":
             _check(
@@ -149,19 +161,19 @@ class TrainConfig:
             f"lr floor must be in [0, 1] (a fraction of --inner-lr), got {self.lr_floor!r}",
         )
         _check(self.data is None or bool(self.data), "data path must not be empty")
-        _check(self.seq_len >= 2, f"seq_len must be >= 2, got {self.seq_len}")
-        _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _at_least("seq_len", self.seq_len, 2)
+        _at_least("batch_size", self.batch_size, 1)
         _positive("inner learning rate", self.inner_lr)
         _check(
             math.isfinite(self.weight_decay) and self.weight_decay >= 0,
             f"weight decay must be >= 0, got {self.weight_decay!r}",
         )
-        _check(self.warmup_steps >= 0, f"warmup steps must be >= 0, got {self.warmup_steps}")
+        _at_least("warmup steps", self.warmup_steps, 0)
         _check(
             math.isfinite(self.grad_clip) and self.grad_clip >= 0,
             f"grad clip must be >= 0 (0 disables it), got {self.grad_clip!r}",
         )
-        _check(self.eval_batches >= 1, f"eval batches must be >= 1, got {self.eval_batches}")
+        _at_least("eval batches", self.eval_batches, 1)
 
 
 @dataclass(frozen=True)
@@ -249,11 +261,10 @@ _MiB = 1 << 20
 class WireConfig:
     """The gRPC wire (``gaslocd.net``): limits, chunking, deadlines, auth and TLS.
 
-    ``token`` is the run's shared join secret; every exchange, state and status request
-    must carry it (compared in constant time). An empty token disables the check, which
-    is only sensible on loopback. ``tls_cert``/``tls_key`` are this peer's identity (as
-    server and as client); ``tls_ca`` is what it trusts for its peers: with a CA set the
-    server also requires client certificates (mutual TLS). Files are read in ``start()``.
+    ``token`` is the run's shared join secret: it keys the calls' HMACs and never goes
+    on the wire (gaslocd.net.auth); empty disables the check, only sensible on loopback.
+    ``tls_cert``/``tls_key``: this peer's identity (server and client); ``tls_ca``: what
+    it trusts (set, the server requires client certificates). Read in ``start()``.
     """
 
     token: str = ""
@@ -287,9 +298,7 @@ class WireConfig:
         _positive("accept wait (s)", self.accept_wait_s)
         _positive("header wait (s)", self.header_wait_s)
         _check(self.round_lead >= 0, f"round lead must be >= 0, got {self.round_lead}")
-        _check(
-            self.pipeline_chunks >= 1, f"pipeline chunks must be >= 1, got {self.pipeline_chunks}"
-        )
+        _at_least("pipeline chunks", self.pipeline_chunks, 1)
         _positive("keepalive time (s)", self.keepalive_time_s)
         _positive("keepalive timeout (s)", self.keepalive_timeout_s)
         _check(
@@ -388,24 +397,16 @@ class DaemonConfig:
             f"metrics port must be in 0..65535, got {self.metrics_port}",
         )
         _one_of("codec", self.codec, CODECS)
-        _check(
-            self.checkpoint_every >= 1,
-            f"checkpoint every must be >= 1, got {self.checkpoint_every}",
-        )
+        _at_least("checkpoint every", self.checkpoint_every, 1)
         _check(
             not self.resume or self.checkpoint_dir is not None,
             "--resume needs --checkpoint-dir (where the checkpoint is)",
         )
         _check(not (self.resume and self.fresh), "--resume and --fresh contradict each other")
-        _check(
-            self.keep_checkpoints >= 1,
-            f"keep checkpoints must be >= 1, got {self.keep_checkpoints}",
-        )
-        _check(
-            self.max_rounds >= 0, f"max rounds must be >= 0 (0: no limit), got {self.max_rounds}"
-        )
-        _check(self.min_peers >= 1, f"min peers must be >= 1, got {self.min_peers}")
-        _check(self.eval_every >= 0, f"eval every must be >= 0 (0: never), got {self.eval_every}")
+        _at_least("keep checkpoints", self.keep_checkpoints, 1)
+        _at_least("max rounds", self.max_rounds, 0, " (0: no limit)")
+        _at_least("min peers", self.min_peers, 1)
+        _at_least("eval every", self.eval_every, 0, " (0: never)")
         _positive("min peers timeout (s)", self.min_peers_timeout_s)
         if self.exchange_deadline_s is not None:
             _positive("exchange deadline (s)", self.exchange_deadline_s)

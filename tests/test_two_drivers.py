@@ -27,8 +27,8 @@ def _daemon_matrices(runs: list[list[dict[str, Any]]]) -> dict[int, list[list[fl
     rounds that every daemon ran with the full roster and all planned exchanges."""
     by_round: dict[int, list[dict[str, Any]]] = {}
     for rounds in runs:
-        for r in rounds:
-            by_round.setdefault(r["round"], []).append(r)
+        for r in rounds:  # overlapped, a round's record holds the previous round's mix
+            by_round.setdefault(r["mixed_round"], []).append(r)
     matrices = {}
     for number, records in by_round.items():
         if len(records) != len(runs) or any(
@@ -46,12 +46,13 @@ def _daemon_matrices(runs: list[list[dict[str, Any]]]) -> dict[int, list[list[fl
     return matrices
 
 
+@pytest.mark.parametrize("overlap", [[], ["--overlap"]], ids=["sequential", "overlap"])
 def test_simulator_and_daemons_apply_the_same_w_every_round(
-    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]], overlap: list[str]
 ) -> None:
     common = [
         "--run-id", RUN_ID, "--min-peers", "3", "--no-adapt-h",
-        "--max-rounds", str(ROUNDS), "--eval-every", "0",
+        "--max-rounds", str(ROUNDS), "--eval-every", "0", *overlap,
     ]  # fmt: skip
     outs = [tmp_path / f"d{k}.json" for k in range(3)]
     first, address = start_first(tmp_path, reaper, *common, "--json", str(outs[0]))
@@ -80,7 +81,7 @@ def test_simulator_and_daemons_apply_the_same_w_every_round(
         [
             sys.executable, "-m", "gaslocd", "simulate", "--workers", "3",
             "--rounds", str(ROUNDS), "--inner-steps", "4", "--run-id", RUN_ID,
-            "--step-time", "0.01", "--json", str(sim_out), *TRAINING,
+            "--step-time", "0.01", "--json", str(sim_out), *TRAINING, *overlap,
         ],
         capture_output=True,
         text=True,

@@ -111,6 +111,9 @@ SETTINGS: tuple[Setting, ...] = (
        "H adapts to speed and links)", DAEMONS | {DEMO}, _ALGO, kind="switch"),
     _S("adapt_h", v.parse_bool, False, "choose H per worker and round from step time and "
        "this round's links", frozenset({SIMULATE}), _ALGO, kind="switch"),
+    _S("overlap", v.parse_bool, False, "train the next round while this round's parameters "
+       "are on the wire (the outer step lands a round late)", TRAINERS, _ALGO, kind="switch",
+       fields=("algo.overlap",)),
     # -- training --------------------------------------------------------------------
     _S("model", v.text_value, "tiny", "model config (tiny, small, 134m, 551m) or a factory "
        "'pkg.module:function' returning an nn.Module whose forward(tokens, targets) gives "

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TypeVar
 
 from gaslocd.daemon.membership import Membership
-from gaslocd.daemon.mixing import Mixer
+from gaslocd.daemon.mixing import GossipMixer, Mixer, MixResult
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.daemon.telemetry import RoundOutcome
 from gaslocd.protocol.account import TimeAccount
@@ -22,6 +23,10 @@ from gaslocd.protocol.records import PeerRecord
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def _roster(setup: RoundSetup, me: str) -> tuple[str, ...]:
+    return setup.plan.roster if setup.plan is not None else (me,)
 
 
 class RoundDriver:
@@ -57,12 +62,19 @@ class RoundDriver:
         )
         await rt.thread.call(rt.state.begin_round)
         losses = await self._timed(acct, "train", self._train(setup))
-        if rt.algo.algo != "diloco" and rt.algo.adapt_h and setup.partners:
-            losses += await self._timed(acct, "fill", self._fill_wait(setup, len(losses)))
         exchange_began = rt.clock()
-        mixed = await self.mixer.mix(setup)
+        overlapped = isinstance(self.mixer, GossipMixer) and rt.algo.overlap
+        if overlapped:
+            losses += await self._timed(acct, "fill", self._fill_in_flight(len(losses)))
+            exchange_began = rt.clock()
+            mixed = await self._overlapped(setup)
+        else:
+            if rt.algo.algo != "diloco" and rt.algo.adapt_h and setup.partners:
+                losses += await self._timed(acct, "fill", self._fill_wait(setup, len(losses)))
+                exchange_began = rt.clock()
+            mixed = await self.mixer.mix(setup)
         acct.add_all(mixed.parts)
-        if rt.policy.should_resync(setup, mixed.exchanged):
+        if mixed.setup is not None and rt.policy.should_resync(mixed.setup, mixed.exchanged):
             await self._timed(acct, "roster", self.membership.resync(records))
         exchange_s = rt.clock() - exchange_began
         pause = rt.policy.solo_wait_s(setup, rt.clock() - began, rt.clock())
@@ -81,14 +93,51 @@ class RoundDriver:
             account=acct,
             exchanged=mixed.exchanged,
             row=mixed.row,
-            roster=setup.plan.roster if setup.plan is not None else (rt.me,),
+            roster=_roster(mixed.setup or setup, rt.me),
             exchange_s=exchange_s,
             tokens=len(losses) * rt.state.trainer.tokens_per_step,
             clipped=mixed.clipped,
             rescaled=mixed.rescaled,
             rollbacks=dict(rt.state.rollbacks),
+            mixed=mixed.setup,
+            overlapped=overlapped,
         )
         rt.progress(rt.telemetry.finish_round(outcome, rt.links, rt.state.round))
+
+    async def _overlapped(self, setup: RoundSetup) -> MixResult:
+        """Land the previous round's exchange (its delayed outer step), then put this
+        round's θ̃ on the wire; the run's last round lands at once."""
+        rt = self.rt
+        assert isinstance(self.mixer, GossipMixer)
+        landed = await self.mixer.land()
+        await self.mixer.send(setup)
+        last = bool(rt.cfg.max_rounds) and rt.state.round >= rt.cfg.max_rounds
+        final = await self.mixer.land_now_if(last)
+        mixed = final or landed
+        if mixed is None:
+            return MixResult(None, 0, {rt.me: 1.0})
+        if final is not None and landed is not None:  # both waits were this round's
+            parts = {k: landed.parts.get(k, 0.0) + v for k, v in final.parts.items()}
+            mixed = replace(final, parts=parts)
+        return mixed
+
+    async def _fill_in_flight(self, done: int) -> list[float]:
+        """Overlap: train on while the previous round's exchange is still on the wire
+        (the protocol's :meth:`~gaslocd.protocol.policy.RoundPolicy.fill_overlap`)."""
+        rt, mixer = self.rt, self.mixer
+        assert isinstance(mixer, GossipMixer)
+        flight = mixer.in_flight
+        if not rt.algo.adapt_h or flight is None:
+            return []
+        until = flight.began + flight.setup.deadline_s
+        fill = rt.policy.fill_overlap(not mixer.landed(), done, until)
+        if fill is None:
+            return []
+
+        def enough() -> bool:
+            return rt.thread.should_stop() or fill.done(rt.clock(), mixer.landed())
+
+        return await rt.thread.call(rt.state.train, fill.room, enough)
 
     async def _train(self, setup: RoundSetup) -> list[float]:
         rt = self.rt

@@ -9,8 +9,9 @@ from the protocol (:func:`~gaslocd.protocol.policy.counted_exchanges`,
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -18,13 +19,31 @@ import torch
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
 from gaslocd.net.codecs import ErrorFeedback, get_codec
-from gaslocd.net.rendezvous import ExchangeResult
+from gaslocd.net.rendezvous import ExchangeResult, Outcome
 from gaslocd.protocol.account import split_exchange
 from gaslocd.protocol.plan import RoundSetup
 from gaslocd.protocol.policy import counted_exchanges, mixing_row
 from gaslocd.train.device import on_host
 
 log = logging.getLogger(__name__)
+
+
+def _scaled(parts: dict[str, float], total: float) -> dict[str, float]:
+    """``parts`` scaled to add up to ``total`` (the share of an exchange that was waited
+    for, booked in the exchange's own proportions)."""
+    whole = sum(parts.values())
+    if whole <= 0:
+        return {"wait_ready": max(0.0, total)} if total > 0 else {}
+    return {k: v * max(0.0, total) / whole for k, v in parts.items()}
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Overlap: the round whose θ̃ is on the wire while the next one trains."""
+
+    setup: RoundSetup
+    task: asyncio.Future[dict[str, Outcome]] | None  # None: no partners that round
+    began: float
 
 
 @dataclass(frozen=True)
@@ -37,6 +56,7 @@ class MixResult:
     parts: dict[str, float] = field(default_factory=dict)
     clipped: int = 0  # partners whose θ̃ robust mixing pulled in to the trust radius
     rescaled: int = 0  # partners within it whose norm gap alone was cut
+    setup: RoundSetup | None = None  # the round mixed (overlapped: the previous one)
 
 
 class Mixer(Protocol):
@@ -45,7 +65,13 @@ class Mixer(Protocol):
 
 
 class GossipMixer:
-    """Stream θ̃ to this round's partners over gRPC and mix what arrives."""
+    """Stream θ̃ to this round's partners over gRPC and mix what arrives.
+
+    Without overlap, :meth:`mix` is the whole exchange. With overlap the round driver
+    calls :meth:`send` (hold θ̃, start the exchange in the background) and, after the
+    next round's steps, :meth:`land` (await it, take the delayed outer step); one round
+    is in flight at a time, so the server still has one open offer.
+    """
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -53,26 +79,79 @@ class GossipMixer:
         numel = rt.state.numel
         self.feedback = None if self.codec.lossless else ErrorFeedback(self.codec, numel)
         self._buffers: list[torch.Tensor] = []
+        self.in_flight: InFlight | None = None
 
     async def mix(self, setup: RoundSetup) -> MixResult:
-        rt, me = self.rt, self.rt.me
+        rt = self.rt
         if not setup.partners or setup.plan is None:
-            row = {me: 1.0}
-            await rt.thread.call(rt.state.outer_update, row, {}, me, rt.algo.outer)
-            return MixResult(None, 0, row)
+            return replace(await self._alone(), setup=setup)
         tilde = await rt.thread.call(rt.state.tilde_on_host)  # a GPU's copy off the loop
-        await rt.server.open_round(
+        await self._open(setup, tilde)
+        began = rt.clock()
+        outcomes = await rt.server.exchange_round(setup.round, setup.deadline_s)
+        return await self._settle(setup, outcomes, rt.clock() - began)
+
+    async def send(self, setup: RoundSetup) -> None:
+        """Overlap: hold this round's θ̃ and exchange it while the next round trains."""
+        rt = self.rt
+        tilde = await rt.thread.call(rt.state.hold_tilde)
+        task = None
+        if setup.partners and setup.plan is not None:
+            await self._open(setup, tilde)
+            task = asyncio.ensure_future(rt.server.exchange_round(setup.round, setup.deadline_s))
+            rt.tasks.add(task)  # the lifecycle cancels it at a stop
+            task.add_done_callback(rt.tasks.discard)
+        self.in_flight = InFlight(setup, task, rt.clock())
+
+    def landed(self) -> bool:
+        """Whether the exchange in flight (if any) is over: the fill stops then."""
+        flight = self.in_flight
+        return flight is None or flight.task is None or flight.task.done()
+
+    async def land(self) -> MixResult | None:
+        """Overlap: wait for the exchange in flight and take its delayed outer step (None:
+        nothing was in flight). A state adopted meanwhile (a resync) dropped the held θ̃:
+        the exchange belonged to the state left behind and is discarded."""
+        flight, self.in_flight = self.in_flight, None
+        if flight is None:
+            return None
+        rt = self.rt
+        if flight.task is None:
+            alone = await self._alone() if rt.state.pending is not None else None
+            return None if alone is None else replace(alone, setup=flight.setup)
+        waited = rt.clock()
+        outcomes = await flight.task
+        if rt.state.pending is None:
+            return None
+        result = await self._settle(flight.setup, outcomes, rt.clock() - flight.began)
+        # Only the time waited after the steps is this round's; the rest ran alongside.
+        return replace(result, parts=_scaled(result.parts, rt.clock() - waited))
+
+    async def land_now_if(self, last: bool) -> MixResult | None:
+        """The run's last round lands at once: its model is final after that step."""
+        return await self.land() if last else None
+
+    async def _alone(self) -> MixResult:
+        me = self.rt.me
+        row = {me: 1.0}
+        await self.rt.thread.call(self.rt.state.outer_update, row, {}, me, self.rt.algo.outer)
+        return MixResult(None, 0, row)
+
+    async def _open(self, setup: RoundSetup, tilde: torch.Tensor) -> None:
+        await self.rt.server.open_round(
             setup.round,
             tilde,
             setup.partners,
-            codec=rt.cfg.codec,
+            codec=self.rt.cfg.codec,
             feedback=self.feedback,
             roster_digest=setup.digest,
             receive_buffers=self._receive_buffers(len(setup.partners)),
         )
-        began = rt.clock()
-        outcomes = await rt.server.exchange_round(setup.round, setup.deadline_s)
-        elapsed = rt.clock() - began
+
+    async def _settle(
+        self, setup: RoundSetup, outcomes: dict[str, Outcome], elapsed: float
+    ) -> MixResult:
+        rt, me = self.rt, self.rt.me
         received: dict[str, torch.Tensor] = {}
         refused_ours: set[str] = set()
         slowest: ExchangeResult | None = None
@@ -117,6 +196,7 @@ class GossipMixer:
             self._parts(elapsed, slowest),
             clipped=len(clip.clipped),
             rescaled=len(clip.rescaled),
+            setup=setup,
         )
 
     def _parts(self, elapsed: float, slowest: ExchangeResult | None) -> dict[str, float]:
@@ -167,4 +247,5 @@ class AllReduceMixer:
         # barrier); with no group, the whole failed attempt.
         elapsed = rt.clock() - began
         idle = min(elapsed, self.allreduce.last_group_wait_s) if group > 1 else elapsed
-        return MixResult(None, group - 1, {}, {"wait_ready": idle, "transfer": elapsed - idle})
+        parts = {"wait_ready": idle, "transfer": elapsed - idle}
+        return MixResult(None, group - 1, {}, parts, setup=setup)

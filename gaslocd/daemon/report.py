@@ -46,7 +46,7 @@ class RunLog:
 
     def add(self, out: RoundOutcome, stats: WireStats) -> str:
         """Record a finished round; returns its progress line."""
-        setup, losses, acct = out.setup, out.losses, out.account
+        setup, losses, acct, mixed = out.setup, out.losses, out.account, out.mixed_setup
         self.account.merge(acct)
         round_s = acct.total()
         train = statistics.fmean(losses) if losses else math.nan
@@ -70,7 +70,8 @@ class RunLog:
                 "idle_s": acct.idle_s(),  # not training
                 "compute_s": acct.training_s(),  # the inner steps, filling the wait included
                 "exchange_s": out.exchange_s,  # exchange or all-reduce, waiting included
-                "partners": len(setup.partners),
+                "mixed_round": None if mixed is None else mixed.round + 1,  # overlap: earlier
+                "partners": len(mixed.partners) if mixed is not None else 0,
                 "exchanged": out.exchanged,
                 "roster": list(out.roster),  # sorted: what the pairing was drawn from
                 "mixing_row": dict(out.row),  # this peer's row of W as applied
@@ -85,7 +86,7 @@ class RunLog:
             f"val {val_text}  tok/s {tok_s / 1000:6.1f}k  consensus {cons}  "
             f"idle {100 * self.idle_fraction():5.1f}%  "
             f"training {100 * acct.training_share():3.0f}%  peers {setup.roster_size}  "
-            f"exchanged {out.exchanged}/{len(setup.partners)}"
+            f"exchanged {out.exchanged}/{len(mixed.partners) if mixed is not None else 0}"
         )
 
     def closing_line(self, stats: WireStats) -> str:

@@ -33,6 +33,12 @@ class RoundOutcome:
     clipped: int = 0  # partners robust mixing pulled in to the trust radius this round
     rescaled: int = 0  # partners within it whose norm gap alone was cut
     rollbacks: dict[str, int] | None = None  # the worker's thrown-away rounds so far, by reason
+    mixed: RoundSetup | None = None  # the round the row mixed (overlap: the previous one)
+    overlapped: bool = False  # then ``mixed`` None: nothing landed (the first round)
+
+    @property
+    def mixed_setup(self) -> RoundSetup | None:
+        return self.mixed if self.mixed is not None or self.overlapped else self.setup
 
 
 class Telemetry:

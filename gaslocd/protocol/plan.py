@@ -120,17 +120,20 @@ def plan_this_round(
     if links.step_time_s is not None:
         steps.append(links.step_time_s)
     h_base = algo.inner_steps
+    # Overlapped, a round's exchange runs during the next round's steps: the round is
+    # its compute, and H no longer trades steps for transfer time.
+    in_round = 0.0 if algo.overlap else typical
     if steps:
-        target = target_round_time(h_base, steps, [typical])
+        target = target_round_time(h_base, steps, [in_round])
         deadline = fixed_deadline_s or max(MIN_DEADLINE_S, 2.0 * target + 2.0 * typical)
     else:
         target, deadline = None, fixed_deadline_s or FIRST_DEADLINE_S
     inner_steps = h_base
     if algo.adapt_h and target is not None and links.step_time_s is not None:
-        expected = max(
-            (_expected_transfer_s(p, by_id, links, message_bytes, typical) for p in partners),
-            default=0.0,
-        )
+        transfers = [
+            _expected_transfer_s(q, by_id, links, message_bytes, typical) for q in partners
+        ]
+        expected = 0.0 if algo.overlap else max(transfers, default=0.0)
         inner_steps = choose_inner_steps(
             target, expected, links.step_time_s, algo.h_min, algo.h_upper
         )

@@ -17,6 +17,7 @@ simulator call the same methods; only where ``now`` comes from differs.
   forged to slow the run down) costs each peer at most that long, not a deadline a round.
 - **Fill the wait.** A peer that finished its planned H before its partners keeps
   training (up to H_max and the exchange deadline) until every partner said Ready.
+  Overlapped, the wait is for the previous round's exchange, still on the wire.
 - **Solo rounds take T.** A round without partners, while others exist, lasts the
   target round time: otherwise a sitting-out peer would race ahead in round numbers.
 - **Resynchronise.** ``RESYNC_AFTER_FAILED_ROUNDS`` rounds in a row with partners and
@@ -212,6 +213,15 @@ class RoundPolicy:
         if not setup.partners or room <= 0:
             return None
         return FillWait(room=room, until=now + setup.deadline_s)
+
+    def fill_overlap(self, in_flight: bool, steps_done: int, until: float) -> FillWait | None:
+        """Overlap: the fill while the previous round's exchange is still on the wire,
+        so that its outer step can land (None when it is already done). Bounded by H_max
+        and that exchange's own deadline, after which it has failed anyway."""
+        room = self.h_upper - steps_done
+        if not in_flight or room <= 0:
+            return None
+        return FillWait(room=room, until=until)
 
     def solo_wait_s(self, setup: RoundSetup, elapsed_s: float, now: float) -> float:
         """Seconds a partnerless round should still last, so that it takes T."""

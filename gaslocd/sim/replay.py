@@ -65,6 +65,8 @@ def replay_clock(
                 f"{len(state.resyncs)}): the run trained other models than this network "
                 "would, so it cannot be re-timed; train it on this network"
             )
+        if t == len(digests) - 1:
+            schedule.drain()  # overlap: the last exchange lands before the run ends
         clock = schedule.clock
         points.append(ClockPoint(t + 1, clock.wall_clock_s, clock.idle_fraction()))
     return points, schedule.clock

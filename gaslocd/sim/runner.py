@@ -107,6 +107,7 @@ class Simulation:
         self.net = network_model(sim, self.transport.message_bytes)
         self.norm_bound = WireConfig().norm_bound
         self._schedule: Schedule | None = None
+        self._held: RoundState | None = None  # overlap: the round on the wire
         self._bytes_sent = [0.0] * sim.workers
 
     @property
@@ -122,16 +123,38 @@ class Simulation:
     # -- one round ----------------------------------------------------------------------
 
     def _train(self, state: RoundState) -> list[float]:
-        """Every worker's planned and filled steps, then what it offers: θ̃ for gossip,
-        the pseudo-gradient Δ = θ − θ̃ for an all-reduce (encoded as the wire would)."""
+        """Every worker's planned and filled steps."""
         losses: list[float] = []
         for k, w in enumerate(self.workers):
             w.begin_round()
             losses += w.train(state.planned[k])  # a non-finite loss rolls the round back
             losses += w.train(state.filled[k])  # filling the wait: real steps
-            offer = w.flat.flat if state.group is None else w.theta_start - w.flat.flat
-            self.transport.post(state.round, self.roster[k], on_host(offer))
         return losses
+
+    def _post(self, state: RoundState) -> None:
+        """What each worker offers: θ̃ for gossip (held aside under overlap), the
+        pseudo-gradient Δ = θ − θ̃ for an all-reduce (encoded as the wire would)."""
+        for k, w in enumerate(self.workers):
+            if self.schedule.overlap:
+                offer = w.hold_tilde()
+            else:
+                offer = w.flat.flat if state.group is None else w.theta_start - w.flat.flat
+            self.transport.post(state.round, self.roster[k], on_host(offer))
+
+    def _finish(self, state: RoundState) -> None:
+        """The round's outer steps and resyncs, once its exchanges are over (under
+        overlap that is during the next round, after its steps)."""
+        self._mix(state)
+        self._resync(state)
+        self.transport.end_round(state.round)
+        self._count_bytes(state)
+
+    def flush(self) -> None:
+        """Overlap: land the last round's outer step (the run's model is final after it)."""
+        if self._held is not None:
+            self.schedule.drain()
+            self._finish(self._held)
+            self._held = None
 
     def _refusals(self, state: RoundState) -> set[tuple[int, int]]:
         """(receiver, sender) pairs where the receiver's wire would refuse the sender's θ̃
@@ -182,14 +205,17 @@ class Simulation:
         schedule = self.schedule
         state = schedule.begin(t)
         losses = self._train(state)
+        if self._held is not None:  # overlap: the previous round's delayed outer step
+            self._finish(self._held)
+        self._post(state)
         schedule.exchange(state, self.transport.exchange)
         if state.group is None:
             state.refused = self._refusals(state)
         schedule.settle(state)
-        self._mix(state)
-        self._resync(state)
-        self.transport.end_round(t)
-        self._count_bytes(state)
+        if schedule.overlap:
+            self._held = state
+        else:
+            self._finish(state)
         if any(w.round != t + 1 for w in self.workers):
             raise RuntimeError(f"round {t}: a worker's round number left the lockstep")
         return state, statistics.fmean(losses)
@@ -265,6 +291,8 @@ class Simulation:
         for t in range(self.sim.rounds):
             state, train_loss = self._round(t)
             last = t == self.sim.rounds - 1
+            if last:
+                self.flush()
             val = self.evaluate() if (t + 1) % self.sim.eval_every == 0 or last else None
             record = self._record(state, train_loss, val)
             result.records.append(record)

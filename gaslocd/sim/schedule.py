@@ -144,8 +144,11 @@ class Schedule:
         self.records = [self._record(k, 0, algo.inner_steps) for k in range(sim.workers)]
         self.allreduce = algo.topology == "complete"  # DiLoCo: how anyone runs J/n
         self.fills = algo.adapt_h and algo.algo != "diloco" and not self.allreduce
+        self.overlap = algo.overlap and not self.allreduce
         self._older_ends = [0.0] * sim.workers  # when each peer ended round t−2
         self.pace_timeouts = 0
+        # Overlap: the round still on the wire, and each peer's own traffic time in it.
+        self.in_flight: tuple[RoundState, list[float]] | None = None
 
     def _record(self, k: int, round_: int, inner_steps: int) -> PeerRecord:
         """What peer k publishes (as a daemon's ``Membership.record``)."""
@@ -217,15 +220,28 @@ class Schedule:
             peer.links.record_step_time(peer.step_time_s)
         filled = [self._fill(k, setups[k], ready) for k in range(len(self.peers))]
         opened = [ready[k] + filled[k] * p.step_time_s for k, p in enumerate(self.peers)]
+        if self.in_flight is not None:  # the previous round's exchange must end first
+            prev = self.in_flight[0].exchange_end_s
+            opened = [max(o, end) for o, end in zip(opened, prev, strict=True)]
         state = RoundState(t, setups, records, arrived, start, planned, filled, opened)
         state.group = () if self.allreduce else None  # the runner offers Δ, not θ̃
         return state
 
     def _fill(self, k: int, setup: RoundSetup, ready: list[float]) -> int:
-        """Steps peer k trains after its planned H until its partners said Ready."""
-        if not self.fills or not setup.partners:
+        """Steps peer k trains after its planned H until its partners said Ready (or,
+        overlapped, until the previous round's exchange is off the wire)."""
+        if not self.fills:
             return 0
         peer = self.peers[k]
+        if self.overlap:
+            if self.in_flight is None:
+                return 0
+            prev = self.in_flight[0]
+            end, until = prev.exchange_end_s[k], prev.opened_s[k] + prev.setups[k].deadline_s
+            fill = peer.policy.fill_overlap(end > ready[k], setup.inner_steps, until)
+            return fill_steps(fill, ready[k], peer.step_time_s, [end])
+        if not setup.partners:
+            return 0
         fill = peer.policy.fill_wait(setup, setup.inner_steps, ready[k])
         notices = [ready[self.index[p]] + self.net.latency_s for p in setup.partners]
         return fill_steps(fill, ready[k], peer.step_time_s, notices)
@@ -290,10 +306,16 @@ class Schedule:
                     source = self.index[sources[0].peer_id]
                     state.resyncs.append((k, source))
                     fetch = self.net.state_fetch_s(k, source)
-            done = state.exchange_end_s[k] + fetch
+            if self.overlap:  # the exchange goes on during the next round
+                end = state.opened_s[k]
+                trained = state.planned[k] + state.filled[k]
+                parts = self._in_flight_wait(k, state.start_s[k] + trained * peer.step_time_s, end)
+            else:
+                end = state.exchange_end_s[k]
+                phase = end - state.opened_s[k]
+                parts = split_exchange_phase(phase, self._waited(state, k), traffic[k])
+            done = end + fetch
             pause = peer.policy.solo_wait_s(setup, done - state.start_s[k], done)
-            phase = state.exchange_end_s[k] - state.opened_s[k]
-            parts = split_exchange_phase(phase, self._waited(state, k), traffic[k])
             self.clock.finish_round(
                 k,
                 {
@@ -308,6 +330,30 @@ class Schedule:
             self._record(k, t + 1, state.planned[k] + state.filled[k])
             for k in range(len(self.peers))
         ]
+        if self.overlap:
+            self.in_flight = (state, traffic)
+
+    def _in_flight_wait(self, k: int, since: float, until: float) -> dict[str, float]:
+        """Overlap: peer k's wait from ``since`` (its steps done) to ``until`` for the
+        previous round's exchange, booked as the exchange phase is without overlap."""
+        if self.in_flight is None or until <= since:
+            return split_exchange_phase(0.0, 0.0, 0.0)
+        prev, traffic = self.in_flight
+        partners_there = prev.opened_s[k] + self._waited(prev, k)
+        own_end = partners_there + traffic[k]
+        return split_exchange_phase(
+            until - since, partners_there - since, own_end - max(since, partners_there)
+        )
+
+    def drain(self) -> None:
+        """Overlap, at the end of a run: every peer waits for its last exchange (the
+        model is not final before its outer step), on the clock like any wait."""
+        if self.in_flight is None:
+            return
+        for k, end in enumerate(self.in_flight[0].exchange_end_s):
+            now = self.clock.now_s[k]
+            self.clock.finish_round(k, self._in_flight_wait(k, now, max(now, end)))
+        self.in_flight = None
 
     @staticmethod
     def _waited(state: RoundState, k: int) -> float:

@@ -116,6 +116,9 @@ class Worker:
         )
         self.momentum = torch.zeros_like(self.flat.flat)
         self.theta_start = self.flat.clone()  # θ at the start of `round`
+        # Overlap (docs/design.md §1): θ̃ of the round whose exchange is still on the wire,
+        # kept unchanged while the next round trains on; None when nothing is in flight.
+        self.pending: torch.Tensor | None = None
         self.round = 0
         self.lock = threading.Lock()
         self.trust = TrustRadius(trust)  # robust mixing's memory (docs/design.md §1)
@@ -130,9 +133,29 @@ class Worker:
 
     def begin_round(self) -> None:
         """Make the live parameters the round's starting point (they already are, after
-        an outer step; after loading state they are copied in here)."""
-        self.flat.load_(self.theta_start)
+        an outer step; after loading state they are copied in here). With an exchange in
+        flight (overlap) the live parameters are θ̃ of that round and training goes on
+        from them: that is the point of overlapping."""
+        if self.pending is None:
+            self.flat.load_(self.theta_start)
         self.rolled_back = False
+
+    @property
+    def live_start(self) -> torch.Tensor:
+        """Where this round's training started: θ, or the in-flight θ̃ under overlap."""
+        return self.theta_start if self.pending is None else self.pending
+
+    def hold_tilde(self) -> torch.Tensor:
+        """Overlap: keep this round's θ̃ aside for its delayed outer step and move on to
+        the next round; returns θ̃ as the wire encodes it (a host tensor nobody changes).
+
+        The round number advances now, not at the outer step: the next round's pairing
+        is planned while this one's exchange is still on the wire.
+        """
+        with self.lock:
+            self.pending = self.flat.flat.clone()
+            self.round += 1
+        return on_host(self.pending)
 
     def train(self, steps: int, should_stop: Callable[[], bool] | None = None) -> list[float]:
         """Up to ``steps`` inner steps; their losses. Both drivers train through here.
@@ -151,7 +174,7 @@ class Worker:
         except NonFiniteLossError as exc:
             log.warning("%s: θ goes back to the start of round %d", exc, self.round)
             with self.lock:
-                self.flat.load_(self.theta_start)
+                self.flat.load_(self.live_start)
             self.rolled_back = True
             self.rollbacks[NON_FINITE_LOSS] += 1
             return []
@@ -169,24 +192,48 @@ class Worker:
         Each partner's θ̃ is first clipped to the trust radius (robust mixing,
         :mod:`gaslocd.algorithm.robust`); W is applied unchanged. A step that would make
         θ non-finite is not taken: θ stays, m restarts from zero, and it is counted.
+
+        Under overlap (a θ̃ held by :meth:`hold_tilde`) this is the delayed outer step of
+        the held round: θ_{t+1} is computed from θ_t and the held θ̃_t exactly as without
+        overlap, and the live parameters, which trained on from θ̃_t meanwhile, move by
+        θ_{t+1} − θ̃_t. So they equal θ_{t+1} plus this round's local progress, which is
+        what the next pseudo-gradient is measured against.
         """
-        tilde = self.flat.flat
+        delayed = self.pending is not None
+        tilde = self.pending if self.pending is not None else self.flat.flat
         received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
         consensus = pairwise_consensus(tilde, received)
         change = abs(float(tilde.norm()) - float(self.theta_start.norm()))
         used, report = self.trust.clip(tilde, received, distance(self.theta_start, tilde), change)
         mixed = mix(weights, {**used, me: tilde})
         with self.lock:
-            self.flat.load_(self.theta_start)
-            outer_step_(self.flat.flat, self.momentum, mixed, cfg)
-            if not all_finite(self.flat.flat):
-                log.warning("round %d: the outer step made θ non-finite; not taken", self.round)
+            theta = self.theta_start.clone() if delayed else self.flat.flat
+            if not delayed:
                 self.flat.load_(self.theta_start)
+            outer_step_(theta, self.momentum, mixed, cfg)
+            if not all_finite(theta):
+                log.warning("round %d: the outer step made θ non-finite; not taken", self.round)
+                theta.copy_(self.theta_start)
                 self.momentum.zero_()
                 self.rollbacks[NON_FINITE_OUTER] += 1
-            self.theta_start = self.flat.clone()
-            self.round += 1
+            if delayed:
+                assert self.pending is not None
+                self.flat.flat.add_(theta - self.pending)
+                self.theta_start = theta
+                self.pending = None
+            else:
+                self.theta_start = self.flat.clone()
+                self.round += 1
         return OuterResult(consensus, report)
+
+    def drop_pending(self) -> None:
+        """Overlap: the held round's exchange is abandoned (a resync, a stop); θ̃ was
+        already the live parameters' starting point, so the outer step is simply not
+        taken and θ becomes where training went on from."""
+        with self.lock:
+            if self.pending is not None:
+                self.theta_start = self.pending
+                self.pending = None
 
     def outer_update_from_average(self, average_delta: torch.Tensor, cfg: OuterConfig) -> None:
         """DiLoCo: the outer step on the all-reduced pseudo-gradient Δ̄ = mean(θ − θ̃)."""
@@ -226,6 +273,7 @@ class Worker:
             self.theta_start = theta.detach().to(self.device, torch.float32).reshape(-1).clone()
             self.momentum.copy_(momentum.reshape(-1))
             self.round = round_
+            self.pending = None  # an exchange in flight belonged to the state left behind
             self.flat.load_(self.theta_start)
 
     def save(self, directory: Path, extra: dict[str, Any], keep: int = 1) -> Path:
@@ -236,7 +284,8 @@ class Worker:
             payload = build_payload(
                 fingerprint=self.fingerprint,
                 round=self.round,
-                theta=self.theta_start.to("cpu", copy=True),
+                # Under overlap, the held θ̃: its round's steps are kept, its mixing is not.
+                theta=self.live_start.to("cpu", copy=True),
                 outer_momentum=self.momentum.to("cpu", copy=True),
                 inner=self.trainer.state_dict(),
                 extra={**extra, "worker_index": self.worker_index},
@@ -254,6 +303,7 @@ class Worker:
             self.theta_start = payload["theta"].to(self.device, torch.float32).reshape(-1).clone()
             self.momentum.copy_(payload["outer_momentum"])
             self.round = int(payload["round"])
+            self.pending = None
             self.trainer.load_state_dict(payload["inner"])
             self.flat.load_(self.theta_start)
         return dict(payload.get("extra", {}))

@@ -1,0 +1,135 @@
+"""Overlap: round t's θ̃ is on the wire while round t+1 trains; its outer step lands late.
+
+Three things must hold: the delayed outer step is the same outer step (only the local
+progress made meanwhile rides on top of it), a round then costs max(compute, transfer)
+on the clock instead of their sum, and the time account still adds up.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gaslocd.config import AlgoConfig, OuterConfig, SimConfig, Straggler, TrainConfig
+from gaslocd.protocol.policy import RoundPolicy
+from gaslocd.sim.runner import Simulation
+from gaslocd.sim.schedule import Schedule
+from gaslocd.train.data import Corpus
+from gaslocd.train.worker import Worker
+
+MB = 1_000_000
+TRAIN = TrainConfig(seq_len=32, batch_size=4, warmup_steps=0, eval_batches=1, inner_lr=3e-3)
+
+
+def _corpus() -> Corpus:
+    g = torch.Generator().manual_seed(0)
+    text = torch.randint(0, 64, (20_000,), generator=g).to(torch.uint8)
+    return Corpus(train=text[:18_000], val=text[18_000:], vocab_size=256, source="random")
+
+
+def test_the_delayed_outer_step_is_the_outer_step_plus_the_progress_made_meanwhile() -> None:
+    corpus, cfg = _corpus(), OuterConfig(lr=0.7, momentum=0.9)
+    plain, late = Worker(TRAIN, corpus, 0), Worker(TRAIN, corpus, 0)
+    partner = plain.flat.flat.clone().add_(0.01)
+    row = {"me": 0.5, "p": 0.5}
+    for w in (plain, late):
+        w.begin_round()
+        w.train(2)
+    assert torch.equal(plain.flat.flat, late.flat.flat)  # same seed, same steps
+    plain.outer_update(row, {"p": partner}, "me", cfg)
+
+    held = late.hold_tilde().clone()
+    assert late.round == 1 and late.pending is not None
+    late.begin_round()  # overlap: training goes on from θ̃, not from θ
+    assert torch.equal(late.flat.flat, held)
+    late.train(1)
+    progress = late.flat.flat - held
+    late.outer_update(row, {"p": partner}, "me", cfg)
+
+    assert late.round == 1 and late.pending is None
+    torch.testing.assert_close(late.theta_start, plain.theta_start)
+    torch.testing.assert_close(late.momentum, plain.momentum)
+    torch.testing.assert_close(late.flat.flat, plain.theta_start + progress)
+
+
+def test_a_stop_with_an_exchange_in_flight_keeps_the_steps_already_trained(tmp_path) -> None:
+    w = Worker(TRAIN, _corpus(), 0)
+    w.begin_round()
+    w.train(2)
+    held = w.hold_tilde().clone()
+    w.save(tmp_path, {})
+    back = Worker(TRAIN, _corpus(), 0)
+    back.restore(tmp_path)
+    assert back.round == 1 and back.pending is None
+    torch.testing.assert_close(back.theta_start, held)
+
+
+def _schedule(overlap: bool, stragglers: tuple[Straggler, ...] = ()) -> Schedule:
+    # 10 steps × 0.5 s = 5 s of compute; 20 MB at 100 Mbit/s = 1.6 s per exchange.
+    sim = SimConfig(
+        workers=4,
+        rounds=1,
+        bandwidth_mbps=100,
+        latency_ms=5,
+        step_time_s=0.5,
+        message_bytes=20 * MB,
+        stragglers=stragglers,
+    )
+    algo = AlgoConfig(topology="1peer", inner_steps=10, adapt_h=True, overlap=overlap)
+    return Schedule(algo, sim, "run-a", 20 * MB, [0.5] * 4, "fingerprint")
+
+
+def _run(schedule: Schedule, rounds: int) -> None:
+    for t in range(rounds):
+        state = schedule.begin(t)
+        schedule.exchange(state, lambda _r, _a, _b: True)
+        schedule.settle(state)
+    schedule.drain()
+
+
+def test_overlapped_rounds_cost_the_compute_not_compute_plus_transfer() -> None:
+    rounds = 8
+    plain, overlapped = _schedule(False), _schedule(True)
+    _run(plain, rounds)
+    _run(overlapped, rounds)
+    # Without overlap adaptive H trades steps for the transfer: rounds of compute +
+    # transfer. With it a round is its 5 s of compute; only the last transfer shows.
+    assert overlapped.clock.wall_clock_s == pytest.approx(rounds * 5.0 + 1.605, rel=0.02)
+    assert min(overlapped.clock.compute_fraction_per_worker()) > 0.95
+    assert max(plain.clock.compute_fraction_per_worker()) < 0.8
+    for account, now in zip(overlapped.clock.accounts, overlapped.clock.now_s, strict=True):
+        assert account.total() == pytest.approx(now)  # the categories add up to the clock
+
+
+def test_a_transfer_longer_than_the_compute_is_filled_with_steps_not_waited_for() -> None:
+    # Worker 0's link at 20 %: its exchanges take 8 s against 5 s of compute.
+    schedule = _schedule(True, (Straggler(0, 0.2),))
+    _run(schedule, 12)
+    shares = schedule.clock.compute_fraction_per_worker()
+    assert min(shares) > 0.9, shares  # its partners fill the wait with real steps
+    filled = schedule.clock.total().seconds["fill"]
+    assert filled > 0
+
+
+def test_the_overlap_fill_stops_when_the_exchange_is_done_or_at_its_deadline() -> None:
+    policy = RoundPolicy("me", record_ttl_s=15.0, h_upper=40)
+    assert policy.fill_overlap(False, 10, until=100.0) is None  # nothing in flight
+    assert policy.fill_overlap(True, 40, until=100.0) is None  # H_max reached
+    fill = policy.fill_overlap(True, 10, until=100.0)
+    assert fill is not None and fill.room == 30
+    assert not fill.done(50.0, partners_ready=False)
+    assert fill.done(50.0, partners_ready=True) and fill.done(100.0, partners_ready=False)
+
+
+def test_overlap_refuses_the_all_reduce_with_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="overlap"):
+        AlgoConfig(algo="diloco", topology="complete", overlap=True)
+
+
+def test_an_overlapped_simulation_trains_and_lands_its_last_step(corpus: Corpus) -> None:
+    sim = SimConfig(workers=4, rounds=4, step_time_s=0.1, bandwidth_mbps=20, eval_every=4)
+    algo = AlgoConfig(topology="1peer", inner_steps=3, overlap=True)
+    simulation = Simulation(algo, TRAIN, sim, corpus=corpus)
+    result = simulation.run()
+    assert all(w.pending is None and w.round == 4 for w in simulation.workers)
+    assert result.final_val_loss < result.initial_val_loss
