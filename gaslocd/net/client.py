@@ -78,8 +78,9 @@ def failure_from_rpc(
     return ExchangeFailure(peer, label, err.details() or "", role, elapsed_s)
 
 
-def exchange_header(me: Identity, config: WireConfig, offer: RoundOffer) -> bytes:
-    msg = offer.message
+def exchange_header(me: Identity, config: WireConfig, offer: RoundOffer, peer: str) -> bytes:
+    """Our header to ``peer``: it describes the message that partner gets (its codec)."""
+    msg = offer.message_for(peer)
     return frame_header(
         pb.ExchangeHeader(
             run_id=me.run_id,
@@ -148,13 +149,12 @@ class PeerClient:
         out = offer.take_buffer()
         receiver: Receiver | None = None
         timing: dict[str, float] = {}
-        header = exchange_header(self.me, self.config, offer)
+        header = exchange_header(self.me, self.config, offer, peer)
+        message = offer.message_for(peer)
 
         async def send() -> int:
             await self._check_acceptor(call, claim)  # before any byte of ours goes out
-            sent = await send_message(
-                call.write, header, offer.message, self.config.pipeline_chunks
-            )
+            sent = await send_message(call.write, header, message, self.config.pipeline_chunks)
             await call.done_writing()
             return sent
 
@@ -200,6 +200,7 @@ class PeerClient:
             wait_s=timing["header"] - start,
             transfer_s=timing["done"] - timing["header"],
             peer_refusal=refusal,
+            codec_sent=message.codec.name,
         )
 
     def _failure(

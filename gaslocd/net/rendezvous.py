@@ -47,6 +47,8 @@ class ExchangeResult:
     transfer time, for the H policy); ``wait_s`` is the time before that (the partner
     still training: idle time). ``peer_refusal`` is set when the peer refused what *we*
     sent although we received its θ̃ intact (then the exchange is one-sided this round).
+    ``codec`` is the codec the peer sent in, ``codec_sent`` the one we sent in: with a
+    codec per link the two directions of one exchange may differ.
     """
 
     peer: str
@@ -58,6 +60,7 @@ class ExchangeResult:
     wait_s: float
     transfer_s: float
     peer_refusal: str | None = None
+    codec_sent: str = ""
     ok: bool = True
 
 
@@ -89,7 +92,12 @@ def finished_outcome(peer: str, fut: asyncio.Future[Outcome], deadline_s: float)
 
 @dataclass
 class RoundOffer:
-    """What this peer offers in round ``round`` and to whom."""
+    """What this peer offers in round ``round`` and to whom.
+
+    ``message`` is what every partner gets, unless ``by_peer`` names another message for
+    it (a codec per partner, see :func:`~gaslocd.net.stream.round_messages`); all hold
+    the same θ̃.
+    """
 
     round: int
     message: OutgoingMessage
@@ -97,15 +105,25 @@ class RoundOffer:
     roster_digest: bytes
     reference_norm: float
     buffers: list[torch.Tensor]
+    by_peer: dict[str, OutgoingMessage] = field(default_factory=dict)
     outcomes: dict[str, asyncio.Future[Outcome]] = field(default_factory=dict)
     claimed: set[str] = field(default_factory=set)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Future[ExchangeResult]] = field(default_factory=set)  # running accepts
     opened_at: float = 0.0  # loop time
 
+    def __post_init__(self) -> None:
+        for buf in self.buffers:
+            if buf.dtype != torch.float32 or buf.shape != self.theta.shape:
+                raise ValueError("receive buffers must be float32 and shaped like θ̃")
+
     @property
     def theta(self) -> torch.Tensor:
         return self.message.theta
+
+    def message_for(self, peer: str) -> OutgoingMessage:
+        """The message ``peer`` gets: its own codec's, or the round's main one."""
+        return self.by_peer.get(peer, self.message)
 
     def take_buffer(self) -> torch.Tensor:
         """A float32 buffer of our own numel for an incoming θ̃ (never a declared size)."""

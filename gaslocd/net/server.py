@@ -10,9 +10,9 @@ daemon's choice — install it in the process entry point, not on import)::
     server.set_status_provider(lambda: {...})         # extra fields for Status
     # every round:
     await server.open_round(r, theta_tilde, {peer_id: "host:port", ...}, codec="bf16",
-                            feedback=error_feedback, roster_digest=digest)
+                            feedback=bank, roster_digest=digest)  # or codec={p: "q4", ...}
     outcomes = await server.exchange_round(r, deadline_s)  # {peer_id: result or failure}
-    # outcomes[p].ok → outcomes[p].theta (validated θ̃_p, float32), .transfer_s, .bytes_*
+    # outcomes[p].ok → .theta (validated θ̃_p, float32), .transfer_s, .bytes_*, .codec*
     # not ok → .reason ("deadline", "unavailable", "refused:<why>", "rejected:<why>", ...)
     await server.stop(grace_s)
 
@@ -40,7 +40,7 @@ import gaslocd
 from gaslocd.config import WireConfig
 from gaslocd.net.auth import CallAuth, Claim
 from gaslocd.net.client import SERVICE, PeerClient, exchange_header
-from gaslocd.net.codecs import ErrorFeedback, get_codec
+from gaslocd.net.codecs import ErrorFeedback, FeedbackBank
 from gaslocd.net.frames import frame_refusal
 from gaslocd.net.gate import CallGate, Limits, Method
 from gaslocd.net.proto import peer_pb2 as pb
@@ -58,10 +58,10 @@ from gaslocd.net.security import server_credentials, server_options
 from gaslocd.net.state import StateProvider, StateSource, send_state
 from gaslocd.net.stream import (
     PEER_GONE,
-    OutgoingMessage,
     Receiver,
     expect_end,
     receive_data,
+    round_messages,
     run_duplex,
 )
 from gaslocd.net.stream import send_message as send_stream
@@ -183,30 +183,28 @@ class ExchangeServer:
         theta_tilde: torch.Tensor,
         partners: Mapping[str, str],
         *,
-        codec: str = "fp32",
-        feedback: ErrorFeedback | None = None,
+        codec: str | Mapping[str, str] = "fp32",
+        feedback: ErrorFeedback | FeedbackBank | None = None,
         roster_digest: bytes = b"",
         receive_buffers: Sequence[torch.Tensor] = (),
     ) -> None:
         """Offer ``theta_tilde`` (flat float32, CPU) for round ``round_`` to ``partners``.
 
-        ``feedback`` (for lossy codecs) advances once per round, whatever the number of
-        partners. ``receive_buffers`` (float32, our numel) are reused for incoming θ̃ in
-        place of fresh allocations; one that ends up in a failed exchange holds garbage.
-        Opening a round closes the previous one.
+        ``codec``: one name, or one per partner (:func:`~gaslocd.net.stream.round_messages`).
+        ``feedback`` (lossy codecs; a :class:`FeedbackBank` for several) advances once per
+        round and codec. ``receive_buffers`` (float32, our numel) are reused for incoming
+        θ̃; one that ends up in a failed exchange holds garbage. Opening a round closes the
+        previous one.
         """
         if self._board is None or self._executor is None:
             raise RuntimeError("call start() first")
         loop = asyncio.get_running_loop()
-        message = OutgoingMessage(
-            theta_tilde, get_codec(codec), self.config.chunk_bytes, self._executor, feedback
+        message, by_peer = round_messages(
+            theta_tilde, codec, partners, self.config.chunk_bytes, self._executor, feedback
         )
         norm = await loop.run_in_executor(self._executor, lambda: float(theta_tilde.norm()))
-        for buf in receive_buffers:
-            if buf.dtype != torch.float32 or buf.shape != theta_tilde.shape:
-                raise ValueError("receive buffers must be float32 and shaped like θ̃")
         offer = RoundOffer(
-            round_, message, dict(partners), roster_digest, norm, list(receive_buffers)
+            round_, message, dict(partners), roster_digest, norm, list(receive_buffers), by_peer
         )
         offer.opened_at = loop.time()
         self._board.open(offer)
@@ -341,8 +339,9 @@ class ExchangeServer:
             await expect_end(context.read)
             return receiver.received
 
-        reply = exchange_header(self.me, self.config, offer)
-        send = send_stream(context.write, reply, offer.message, self.config.pipeline_chunks)
+        message = offer.message_for(header.sender)
+        reply = exchange_header(self.me, self.config, offer, header.sender)
+        send = send_stream(context.write, reply, message, self.config.pipeline_chunks)
         try:
             sent, received = await run_duplex(send, receive())
         except BaseException:
@@ -355,6 +354,7 @@ class ExchangeServer:
             peer=header.sender,
             theta=out,
             codec=codec.name,
+            codec_sent=message.codec.name,
             role="accept",
             bytes_sent=sent,
             bytes_received=received,

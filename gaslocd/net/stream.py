@@ -11,7 +11,9 @@ read ahead of our decoder.
 Memory, per round: fp32 is sent straight from θ̃'s memory (one copy per chunk into the
 ``bytes`` gRPC needs) and received straight into the output buffer. A lossy codec encodes
 each chunk once into one buffer of the *encoded* size that all partners of the round
-share (so error feedback advances once per round, not once per partner).
+share (so error feedback advances once per round, not once per partner). With a codec
+per partner (:func:`round_messages`) that holds per codec: one message, one buffer and
+one error-feedback step for each distinct codec of the round, shared by its partners.
 
 Checks while receiving: each chunk must be exactly the next span both sides computed from
 (codec, numel, chunk_bytes); the values must be finite; ‖θ̃_j − θ̃_i‖ accumulates chunk by
@@ -25,7 +27,7 @@ import asyncio
 import contextlib
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from typing import TypeVar
 
@@ -33,7 +35,7 @@ import grpc
 import numpy as np
 import torch
 
-from gaslocd.net.codecs import Codec, ErrorFeedback, chunk_spans
+from gaslocd.net.codecs import Codec, ErrorFeedback, FeedbackBank, chunk_spans, get_codec
 from gaslocd.net.frames import MalformedMessage, frame_data, parse_chunk
 from gaslocd.net.proto import peer_pb2 as pb
 from gaslocd.net.validation import PeerRefused, Refusal, reason_from_details
@@ -114,6 +116,52 @@ class OutgoingMessage:
             # shield: one partner's cancelled stream must not cancel the shared encoding
             await asyncio.shield(self._ready[k])
         return await loop.run_in_executor(self._executor, self._frame, k)
+
+
+def round_messages(
+    theta: torch.Tensor,
+    codec: str | Mapping[str, str],
+    partners: Iterable[str],
+    chunk_bytes: int,
+    executor: Executor,
+    feedback: ErrorFeedback | FeedbackBank | None = None,
+) -> tuple[OutgoingMessage, dict[str, OutgoingMessage]]:
+    """A round's outgoing messages: the main one, and the one for each partner.
+
+    ``codec`` is one name for every partner, or a name per partner id (every partner
+    needs one; entries for others are ignored). Partners with the same codec share one
+    :class:`OutgoingMessage` (one encoding, one error-feedback step). ``feedback`` is a
+    :class:`FeedbackBank` (a residual per codec), or one :class:`ErrorFeedback`, which can
+    serve one lossy codec only. The main message is the only one for a single name, else
+    the first partner's (an fp32 one, never encoded, when there are no partners).
+    """
+    if isinstance(codec, str):
+        fb = feedback.for_codec(codec) if isinstance(feedback, FeedbackBank) else feedback
+        return OutgoingMessage(theta, get_codec(codec), chunk_bytes, executor, fb), {}
+    partners = list(partners)
+    missing = [p for p in partners if p not in codec]
+    if missing:
+        raise ValueError(f"no codec for partner(s) {', '.join(map(repr, missing))}")
+    shared: dict[str, OutgoingMessage] = {}
+    for name in dict.fromkeys(codec[p] for p in partners):
+        c = get_codec(name)
+        if isinstance(feedback, FeedbackBank):
+            fb = feedback.for_codec(c)
+        elif feedback is None or c.lossless:
+            fb = None
+        elif feedback.codec is c:
+            fb = feedback
+        else:
+            raise ValueError(
+                f"one ErrorFeedback serves {feedback.codec.name} only, not {name}: "
+                "pass a FeedbackBank for a codec per partner"
+            )
+        shared[name] = OutgoingMessage(theta, c, chunk_bytes, executor, fb)
+    by_peer = {p: shared[codec[p]] for p in partners}
+    main = next(iter(shared.values()), None)
+    if main is None:
+        main = OutgoingMessage(theta, get_codec("fp32"), chunk_bytes, executor)
+    return main, by_peer
 
 
 async def send_message(write: Write, header: bytes, message: OutgoingMessage, depth: int) -> int:

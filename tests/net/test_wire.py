@@ -28,7 +28,7 @@ from gaslocd.net.validation import Identity, WireStats
 pytestmark = [pytest.mark.net, pytest.mark.slow]
 
 # Relative error of a received θ̃ per codec (cf. test_codecs.REL_ERROR_BOUND).
-BOUND = {"fp32": 0.0, "fp16": 4e-4, "bf16": 3e-3, "int8": 1.2e-2}
+BOUND = {"fp32": 0.0, "fp16": 4e-4, "bf16": 3e-3, "int8": 1.2e-2, "q4": 0.125}
 TRIO_NUMEL = 300_007  # odd: the last int8 block and the last chunk are partial
 
 
@@ -62,6 +62,28 @@ def test_three_peers_exchange_every_codec(trio: dict[str, PeerProcess], codec: s
     for sender in trio:
         digests = {done[pid]["outcomes"][sender]["digest"] for pid in trio if pid != sender}
         assert len(digests) == 1, f"{sender} sent different bytes to its two partners"
+
+
+def test_three_peers_exchange_with_a_codec_per_link(trio: dict[str, PeerProcess]) -> None:
+    """Each peer sends each partner its own codec (p0 → p1 in q4, p1 → p0 in fp16, ...),
+    with a residual per codec: every θ̃ arrives in the codec its sender chose for that
+    link, within its bound."""
+    codecs = {
+        "p0": {"p1": "q4", "p2": "int8"},
+        "p1": {"p0": "fp16", "p2": "q4"},
+        "p2": {"p0": "bf16", "p1": "int8"},
+    }
+    for pid, peer in trio.items():
+        partners = {q: trio[q].address for q in trio if q != pid}
+        peer.start_round(5, partners, deadline_s=60, codec=codecs[pid], ef=True)  # after 1-4
+    done = {pid: peer.expect("round", 90) for pid, peer in trio.items()}
+    for pid, result in done.items():
+        for sender, outcome in result["outcomes"].items():
+            assert outcome["ok"], (pid, sender, outcome)
+            assert outcome["codec"] == codecs[sender][pid], (pid, sender, outcome)
+            assert outcome["codec_sent"] == codecs[pid][sender], (pid, sender, outcome)
+            # residuals of earlier rounds' codecs ride along: √2 × one encoding's error
+            assert outcome["rel_err"] <= 1.5 * BOUND[outcome["codec"]], (pid, sender, outcome)
 
 
 def test_get_state_and_status(trio: dict[str, PeerProcess]) -> None:

@@ -6,8 +6,8 @@ from a partner against what that partner must have sent. Fault injection for the
 ``--die-after-chunks K`` SIGKILLs this process after it framed K data chunks.
 
 Commands: ``{"op": "round", "round", "partners", "codec", "deadline_s", "ef"}`` opens the
-round (answers ``{"op": "opened"}``), exchanges and answers with the outcomes;
-``{"op": "stats"}``; ``{"op": "quit"}``.
+round (answers ``{"op": "opened"}``), exchanges and answers with the outcomes (``codec``:
+one name, or one per partner); ``{"op": "stats"}``; ``{"op": "quit"}``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import uvloop
 
 from gaslocd.config import WireConfig
 from gaslocd.net import stream
-from gaslocd.net.codecs import ErrorFeedback, get_codec
+from gaslocd.net.codecs import FeedbackBank
 from gaslocd.net.server import ExchangeServer
 from gaslocd.net.state import PeerState
 from gaslocd.net.validation import Identity
@@ -71,7 +71,7 @@ class Peer:
         self.args = args
         self.theta = theta_of(args.peer_id, args.numel, args.seed)
         self.model = self.theta.clone()  # changed only by outcomes that passed every check
-        self.feedback: dict[str, ErrorFeedback] = {}
+        self.feedback = FeedbackBank(args.numel)  # a residual per lossy codec used
         config = WireConfig(
             token=args.token,
             chunk_bytes=args.chunk_bytes,
@@ -100,12 +100,8 @@ class Peer:
         )
 
     async def do_round(self, cmd: dict) -> dict:
-        codec = cmd.get("codec", "fp32")
-        feedback = None
-        if cmd.get("ef") and codec != "fp32":
-            feedback = self.feedback.setdefault(
-                codec, ErrorFeedback(get_codec(codec), self.args.numel)
-            )
+        codec = cmd.get("codec", "fp32")  # one name, or {partner: name}
+        feedback = self.feedback if cmd.get("ef") else None
         before = digest(self.model)
         await self.server.open_round(
             cmd["round"], self.theta, cmd["partners"], codec=codec, feedback=feedback
@@ -128,6 +124,8 @@ class Peer:
                     "bytes_received": out.bytes_received,
                     "peer_refusal": out.peer_refusal,
                     "role": out.role,
+                    "codec": out.codec,
+                    "codec_sent": out.codec_sent,
                 }
             else:
                 report[peer] = {"ok": False, "reason": out.reason, "detail": out.detail}
