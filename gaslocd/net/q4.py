@@ -9,7 +9,7 @@ The levels are coarse (the error of one message is ≈ 6 % of ‖θ‖ on a real
 0.6 % for int8): q4 is for links that cannot carry int8 within a round at all.
 
 Why 64 and not 32: the relative L2 error of one encoding, measured with
-``bench/codecs.py`` (torch 2.13, one thread):
+``bench/codec_error.py`` (torch 2.13, one thread):
 
 =====================================  ========  ========  ========  ========  ========
 data                                   fp16      bf16      int8      q4 / 32   q4 / 64
@@ -28,10 +28,11 @@ the rounding error into the next rounds anyway (it telescopes). An fp16 scale wo
 32-blocks as small, but its range (6e-8 to 65504) would send blocks of small values as
 zeros and overflow large ones.
 
-Speed on this CPU, one thread, the ``small`` model's 4.9M values: encode ≈ 600 M values/s
-(int8 ≈ 1100: 0.5×), decode ≈ 1000 M values/s (int8 ≈ 2500: 0.4×); the packing costs a
-few passes more than int8's single cast. At 4.5 bits per value that is > 300 MB/s of wire
-output per thread, far above any link slow enough to need q4.
+Speed on this (shared) CPU, one thread, the ``small`` model's 4.9M values, best of 7 in
+four runs: encode ≈ 550–600 M values/s (0.5–0.7× int8), decode ≈ 850–1000 M values/s
+(0.4–0.6× int8); the packing costs a few passes more than int8's single cast. At 4.5
+bits per value that is > 300 MB/s of wire output per thread, far above any link slow
+enough to need q4.
 
 Non-finite input: a block holding inf or NaN gets a non-finite scale and all codes 8, so
 it decodes to 0 · inf = NaN, which the receiver's finite check refuses. A block whose

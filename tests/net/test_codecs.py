@@ -25,7 +25,7 @@ from gaslocd.net.q4 import Q4_BLOCK
 
 # Relative L2 error bounds on standard-normal data. fp16 keeps 11 significant bits
 # (≈ 2e-4 measured), bf16 8 bits (≈ 1.7e-3), int8 blockwise ≈ 7.9e-3 with 1024-blocks,
-# q4 ≈ 0.108 with 64-blocks (the table in gaslocd/net/q4.py, from bench/codecs.py).
+# q4 ≈ 0.108 with 64-blocks (the table in gaslocd/net/q4.py, from bench/codec_error.py).
 REL_ERROR_BOUND = {"fp32": 0.0, "fp16": 4e-4, "bf16": 3e-3, "int8": 1.2e-2, "q4": 0.125}
 SIZES = [1, 7, INT8_BLOCK - 1, INT8_BLOCK, INT8_BLOCK + 1, 3 * INT8_BLOCK + 5, 100_003]
 

@@ -1,6 +1,6 @@
 """Codec bench: relative L2 error of one encoding, and encode / decode speed.
 
-    .venv/bin/python bench/codecs.py        # ≈ 1 min on one core (60 AdamW steps of `small`)
+    .venv/bin/python bench/codec_error.py        # ≈ 1 min on one core (60 AdamW steps of `small`)
 
 The table in :mod:`gaslocd.net.q4` comes from this script: the error of fp16, bf16, int8
 and q4 (blocks of 32 and 64) on N(0, 0.02), on the ``small`` model's flat parameters at
