@@ -71,6 +71,7 @@ class AlgoConfig:
     # Train the next round while this round's θ̃ is on the wire; the outer step lands
     # one round late (docs/design.md §1 "Overlap").
     overlap: bool = False
+    adapt_codec: bool = False  # step a slow link's codec down (gaslocd.protocol.linkcodec)
 
     def __post_init__(self) -> None:
         _check(self.algo in ALGOS, f"algo must be one of {', '.join(ALGOS)}; got {self.algo!r}")
@@ -392,10 +393,8 @@ class DaemonConfig:
         )
         for name, port in (("port", self.port), ("DHT port", self.dht_port)):
             _check(0 <= port < 65536, f"{name} must be in 0..65535, got {port}")
-        _check(
-            self.metrics_port is None or 0 <= self.metrics_port < 65536,
-            f"metrics port must be in 0..65535, got {self.metrics_port}",
-        )
+        mp = self.metrics_port
+        _check(mp is None or 0 <= mp < 65536, f"metrics port must be in 0..65535, got {mp}")
         _one_of("codec", self.codec, CODECS)
         _at_least("checkpoint every", self.checkpoint_every, 1)
         _check(

@@ -60,9 +60,9 @@ def config_fields(target: str, resolved: Mapping[str, Any]) -> dict[str, Any]:
 def algo_config(resolved: Mapping[str, Any]) -> AlgoConfig:
     """The algorithm, with the defaults that follow from ``--algo`` filled in.
 
-    Adaptation is a flag that turns it on for ``simulate`` (``--adapt-h``, off unless
-    asked, to compare with fixed H) and one that turns it off for the daemons
-    (``--no-adapt-h``: a real network should absorb stragglers by default).
+    Adaptation (of H, and of a link's codec) is a flag that turns it on for ``simulate``
+    (``--adapt-h``, off unless asked, to compare with fixed settings) and one that turns
+    it off for the daemons (``--no-adapt-h``: a real network should absorb stragglers).
     """
     kwargs = config_fields("algo", resolved)
     algo = kwargs.get("algo", "gasloc")
@@ -70,10 +70,11 @@ def algo_config(resolved: Mapping[str, Any]) -> AlgoConfig:
     for name, fallback in (("topology", "1peer"), ("inner_steps", 30)):
         if kwargs.get(name) is None:
             kwargs[name] = implied.get(name, fallback)
-    if "adapt_h" in resolved:
-        kwargs["adapt_h"] = bool(resolved["adapt_h"])
-    else:
-        kwargs["adapt_h"] = not resolved.get("no_adapt_h", False)
+    for name in ("adapt_h", "adapt_codec"):
+        if name in resolved:
+            kwargs[name] = bool(resolved[name])
+        else:
+            kwargs[name] = not resolved.get(f"no_{name}", False)
     outer = {k: x for k, x in config_fields("outer", resolved).items() if x is not None}
     if algo in _GOSSIP_ONLY:
         if outer:

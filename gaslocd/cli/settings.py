@@ -111,6 +111,10 @@ SETTINGS: tuple[Setting, ...] = (
        "H adapts to speed and links)", DAEMONS | {DEMO}, _ALGO, kind="switch"),
     _S("adapt_h", v.parse_bool, False, "choose H per worker and round from step time and "
        "this round's links", frozenset({SIMULATE}), _ALGO, kind="switch"),
+    _S("no_adapt_codec", v.parse_bool, False, "always send the --codec encoding (otherwise a "
+       "slow link steps down to int8 or q4)", DAEMONS | {DEMO}, _ALGO, kind="switch"),
+    _S("adapt_codec", v.parse_bool, False, "step a slow link's codec down (int8, q4) so the "
+       "exchange fits a round", frozenset({SIMULATE}), _ALGO, kind="switch"),
     _S("overlap", v.parse_bool, False, "train the next round while this round's parameters "
        "are on the wire (the outer step lands a round late)", TRAINERS, _ALGO, kind="switch",
        fields=("algo.overlap",)),

@@ -18,11 +18,20 @@ from gaslocd.daemon.mixing import GossipMixer, Mixer, MixResult
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.daemon.telemetry import RoundOutcome
 from gaslocd.protocol.account import TimeAccount
+from gaslocd.protocol.linkcodec import codec_ladder
 from gaslocd.protocol.plan import RoundSetup, plan_this_round
 from gaslocd.protocol.records import PeerRecord
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def _own_record_fresh(records: list[PeerRecord], me: str, free_from: int) -> list[PeerRecord]:
+    """The roster with our own sit-out as we know it (the DHT may still show an older
+    record of ours, and the pairing must leave us out exactly when the others do)."""
+    return [
+        replace(r, free_from=max(r.free_from, free_from)) if r.peer_id == me else r for r in records
+    ]
 
 
 def _roster(setup: RoundSetup, me: str) -> tuple[str, ...]:
@@ -39,6 +48,9 @@ class RoundDriver:
     ) -> None:
         self.rt, self.membership, self.mixer, self.checkpoint = rt, membership, mixer, checkpoint
         self.mark = rt.clock()  # reset by the lifecycle when the first round starts
+        # The codecs a slow link may step down to (gaslocd.protocol.linkcodec).
+        adapt = rt.algo.adapt_codec and isinstance(mixer, GossipMixer)
+        self.ladder = codec_ladder(rt.cfg.codec, rt.wire.codecs) if adapt else ()
 
     async def run_round(self) -> None:
         rt = self.rt
@@ -55,24 +67,15 @@ class RoundDriver:
             rt.cfg.run_id,
             rt.me,
             t,
-            records,
+            _own_record_fresh(records, rt.me, rt.free_from),
             rt.links,
             rt.message_bytes,
             rt.cfg.exchange_deadline_s,
+            ladder=self.ladder,
+            numel=rt.state.numel,
         )
-        await rt.thread.call(rt.state.begin_round)
-        losses = await self._timed(acct, "train", self._train(setup))
-        exchange_began = rt.clock()
-        overlapped = isinstance(self.mixer, GossipMixer) and rt.algo.overlap
-        if overlapped:
-            losses += await self._timed(acct, "fill", self._fill_in_flight(len(losses)))
-            exchange_began = rt.clock()
-            mixed = await self._overlapped(setup)
-        else:
-            if rt.algo.algo != "diloco" and rt.algo.adapt_h and setup.partners:
-                losses += await self._timed(acct, "fill", self._fill_wait(setup, len(losses)))
-                exchange_began = rt.clock()
-            mixed = await self.mixer.mix(setup)
+        self._sit_out_if(setup)
+        losses, mixed, exchange_began = await self._train_and_mix(setup, acct)
         acct.add_all(mixed.parts)
         if mixed.setup is not None and rt.policy.should_resync(mixed.setup, mixed.exchanged):
             await self._timed(acct, "roster", self.membership.resync(records))
@@ -100,15 +103,52 @@ class RoundDriver:
             rescaled=mixed.rescaled,
             rollbacks=dict(rt.state.rollbacks),
             mixed=mixed.setup,
-            overlapped=overlapped,
+            overlapped=self.overlapped,
         )
         rt.progress(rt.telemetry.finish_round(outcome, rt.links, rt.state.round))
 
+    @property
+    def overlapped(self) -> bool:
+        return isinstance(self.mixer, GossipMixer) and self.rt.algo.overlap
+
+    async def _train_and_mix(
+        self, setup: RoundSetup, acct: TimeAccount
+    ) -> tuple[list[float], MixResult, float]:
+        """The round's steps, the fill, and the mix (overlapped: of the previous round);
+        returns the losses, the mix and when the exchange phase began."""
+        rt = self.rt
+        await rt.thread.call(rt.state.begin_round)
+        losses = await self._timed(acct, "train", self._train(setup))
+        if self.overlapped:
+            losses += await self._timed(acct, "fill", self._fill_in_flight(len(losses)))
+            began = rt.clock()
+            return losses, await self._overlapped(setup), began
+        if rt.algo.algo != "diloco" and rt.algo.adapt_h and setup.partners:
+            losses += await self._timed(acct, "fill", self._fill_wait(setup, len(losses)))
+        began = rt.clock()
+        return losses, await self.mixer.mix(setup), began
+
+    def _sit_out_if(self, setup: RoundSetup) -> None:
+        """Our link cannot carry θ̃ in a round: announce at once that we sit out of the
+        pairings until our long exchange lands, so every peer leaves us out alike."""
+        rt = self.rt
+        if setup.free_from > rt.free_from:
+            rt.free_from = setup.free_from
+            rt.spawn(self.membership.publish())
+            k, until = setup.free_from - setup.round, setup.free_from + 1
+            rt.progress(
+                f"round {setup.round + 1}: our link needs {k} rounds per exchange; "
+                f"sitting out of the pairings until round {until}"
+            )
+        rt.telemetry.metrics.sitting_out.set(1 if rt.free_from > setup.round else 0)
+
     async def _overlapped(self, setup: RoundSetup) -> MixResult:
         """Land the previous round's exchange (its delayed outer step), then put this
-        round's θ̃ on the wire; the run's last round lands at once."""
+        round's θ̃ on the wire; the run's last round lands at once. Long exchanges that
+        ended meanwhile are mixed first."""
         rt = self.rt
         assert isinstance(self.mixer, GossipMixer)
+        await self.mixer.land_long()
         landed = await self.mixer.land()
         await self.mixer.send(setup)
         last = bool(rt.cfg.max_rounds) and rt.state.round >= rt.cfg.max_rounds

@@ -72,6 +72,7 @@ class Membership:
             version=__version__,
             started_at=rt.telemetry.runlog.started_at,
             active_from=rt.active_from,
+            free_from=rt.free_from,
         )
 
     async def publish(self) -> None:
@@ -197,6 +198,7 @@ class Membership:
         ``errors``, if not); a peer refusing our token is a startup error."""
         rt = self.rt
         expected = {"theta": rt.state.numel, "outer_momentum": rt.state.numel}
+        began = rt.clock()
         try:
             state = await rt.server.client.fetch_state(
                 record.address, expected, STATE_FETCH_TIMEOUT_S, peer=record.peer_id
@@ -211,6 +213,9 @@ class Membership:
         except Exception as exc:  # a refused or malformed state: try another peer
             errors.append(f"{record.address}: {exc}")
             return None
+        # The first measure of our link (two float32 models): a newcomer's first codec
+        # per link is then sized to it, not guessed (gaslocd.protocol.plan.plan_links).
+        rt.links.record_transfer(record.peer_id, rt.clock() - began, 8 * rt.state.numel)
         theta, momentum = state.tensors["theta"], state.tensors["outer_momentum"]
         norms = await rt.thread.call(lambda: (norm_of(theta), norm_of(momentum)))
         refusal = state_refusal(record, state.round, *norms)

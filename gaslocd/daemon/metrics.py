@@ -157,7 +157,21 @@ def _robust_families(t: DaemonMetrics) -> Iterator[Metric]:
     )
     for reason, n in _bounded(t.rollbacks.items(), KNOWN_ROLLBACKS).items():
         rollbacks.add_metric([reason], n)
-    yield from (clipped, rescaled, rollbacks)
+    codecs = CounterMetricFamily(
+        "gasloc_exchanges_by_codec",
+        "Exchanges of our θ̃ by the codec chosen for that link (a slow link steps down)",
+        labels=["codec"],
+    )
+    for codec, n in _bounded(t.codecs.items(), ("fp16", "int8", "q4")).items():
+        codecs.add_metric([codec], n)
+    long = CounterMetricFamily(
+        "gasloc_long_exchanges",
+        "Exchanges too slow for a round, mixed when they landed (or failed), by outcome",
+        labels=["outcome"],
+    )
+    for outcome, n in _bounded(t.long.items(), ("landed", "failed")).items():
+        long.add_metric([outcome], n)
+    yield from (clipped, rescaled, rollbacks, codecs, long)
 
 
 class DaemonMetrics:
@@ -187,6 +201,8 @@ class DaemonMetrics:
         self.clipped = 0
         self.rescaled = 0
         self.rollbacks: dict[str, int] = {}
+        self.codecs: dict[str, int] = {}  # our exchanges by the codec we sent
+        self.long: dict[str, int] = {}  # long exchanges by outcome
         r.register(_WireCollector(stats, self))
         Info("gasloc_build", "gaslocd build and run identity", registry=r).info(
             {
@@ -237,6 +253,11 @@ class DaemonMetrics:
             "Share of elapsed time not spent training, since the first round",
             registry=r,
         )
+        self.sitting_out = Gauge(
+            "gasloc_sitting_out",
+            "1 while this peer's link is too slow for a round and it sits out of pairings",
+            registry=r,
+        )
         self.exchange_seconds = Histogram(
             "gasloc_exchange_seconds",
             "Duration of a round's exchange phase",
@@ -256,6 +277,9 @@ class DaemonMetrics:
     def count_failure(self, reason: str) -> None:
         """Failures outside the gRPC wire (the DiLoCo all-reduce)."""
         self.extra_failures[reason] = self.extra_failures.get(reason, 0) + 1
+
+    def count(self, counts: dict[str, int], key: str) -> None:
+        counts[key] = counts.get(key, 0) + 1
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
         """Serve /metrics on ``port`` (0: a free one); returns the bound port."""

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
-from gaslocd.net.codecs import ErrorFeedback, get_codec
+from gaslocd.net.codecs import FeedbackBank
 from gaslocd.net.rendezvous import ExchangeResult, Outcome
 from gaslocd.protocol.account import split_exchange
 from gaslocd.protocol.plan import RoundSetup
@@ -26,6 +27,7 @@ from gaslocd.protocol.policy import counted_exchanges, mixing_row
 from gaslocd.train.device import on_host
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _scaled(parts: dict[str, float], total: float) -> dict[str, float]:
@@ -35,6 +37,16 @@ def _scaled(parts: dict[str, float], total: float) -> dict[str, float]:
     if whole <= 0:
         return {"wait_ready": max(0.0, total)} if total > 0 else {}
     return {k: v * max(0.0, total) / whole for k, v in parts.items()}
+
+
+@dataclass(frozen=True)
+class LongFlight:
+    """A long exchange of ``round`` with ``peer`` (planned weight W_ij) still on the wire."""
+
+    round: int
+    peer: str
+    weight: float
+    task: asyncio.Task[Outcome]
 
 
 @dataclass(frozen=True)
@@ -75,11 +87,10 @@ class GossipMixer:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.codec = get_codec(rt.cfg.codec)
-        numel = rt.state.numel
-        self.feedback = None if self.codec.lossless else ErrorFeedback(self.codec, numel)
+        self.feedback = FeedbackBank(rt.state.numel)  # a residual per codec we send in
         self._buffers: list[torch.Tensor] = []
         self.in_flight: InFlight | None = None
+        self.long: list[LongFlight] = []  # long exchanges on the wire
 
     async def mix(self, setup: RoundSetup) -> MixResult:
         rt = self.rt
@@ -97,11 +108,57 @@ class GossipMixer:
         tilde = await rt.thread.call(rt.state.hold_tilde)
         task = None
         if setup.partners and setup.plan is not None:
+            if setup.long:  # our θ̃ of this round is needed when they land
+                await rt.thread.call(rt.state.keep_for_long, setup.round)
             await self._open(setup, tilde)
-            task = asyncio.ensure_future(rt.server.exchange_round(setup.round, setup.deadline_s))
-            rt.tasks.add(task)  # the lifecycle cancels it at a stop
-            task.add_done_callback(rt.tasks.discard)
+            task = self._track(self._exchange(setup))
         self.in_flight = InFlight(setup, task, rt.clock())
+
+    def _track(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.ensure_future(coro)
+        self.rt.tasks.add(task)  # the lifecycle cancels it at a stop
+        task.add_done_callback(self.rt.tasks.discard)
+        return task
+
+    async def _exchange(self, setup: RoundSetup) -> dict[str, Outcome]:
+        """The round's exchanges; a long one is left on the wire as a :class:`LongFlight`."""
+        server = self.rt.server
+        long = {p: setup.long_deadline_s(p) for p in setup.long if p in setup.partners}
+        outcomes = await server.exchange_round(setup.round, setup.deadline_s, long)
+        row = setup.mixing_row(self.rt.me)
+        for peer, flight in server.take_long(setup.round).items():
+            self.rt.tasks.add(flight)
+            flight.add_done_callback(self.rt.tasks.discard)
+            self.long.append(LongFlight(setup.round, peer, row[peer], flight))
+        return outcomes
+
+    async def land_long(self) -> int:
+        """Mix the long exchanges that ended since the last look (each end moves by
+        W_ij·(θ̃_j − θ̃_i) of their round: :meth:`Worker.apply_pair_mix`); returns how
+        many were mixed. One that failed, or whose partner refused ours, is dropped."""
+        rt, landed = self.rt, 0
+        done, self.long = (
+            [f for f in self.long if f.task.done()],
+            [f for f in self.long if not f.task.done()],
+        )
+        for flight in done:
+            outcome = None if flight.task.cancelled() else flight.task.result()
+            ok = isinstance(outcome, ExchangeResult) and outcome.peer_refusal is None
+            theta = outcome.theta if isinstance(outcome, ExchangeResult) and ok else None
+            if isinstance(outcome, ExchangeResult) and ok:
+                rt.links.record_transfer(flight.peer, outcome.transfer_s, outcome.bytes_received)
+            applied = await rt.thread.call(
+                rt.state.apply_pair_mix, flight.round, flight.weight, theta
+            )
+            rt.telemetry.metrics.count(rt.telemetry.metrics.long, "landed" if applied else "failed")
+            log.info(
+                "round %d: long exchange with %s %s",
+                flight.round,
+                flight.peer,
+                "mixed" if applied else f"dropped ({getattr(outcome, 'reason', 'refused')})",
+            )
+            landed += applied
+        return landed
 
     def landed(self) -> bool:
         """Whether the exchange in flight (if any) is over: the fill stops then."""
@@ -138,14 +195,17 @@ class GossipMixer:
         return MixResult(None, 0, row)
 
     async def _open(self, setup: RoundSetup, tilde: torch.Tensor) -> None:
+        best = self.rt.cfg.codec
+        codec = {p: setup.codecs.get(p, best) for p in setup.partners} if setup.codecs else best
         await self.rt.server.open_round(
             setup.round,
             tilde,
             setup.partners,
-            codec=self.rt.cfg.codec,
+            codec=codec,
             feedback=self.feedback,
             roster_digest=setup.digest,
-            receive_buffers=self._receive_buffers(len(setup.partners)),
+            # A long exchange fills its buffer rounds later: never one reused each round.
+            receive_buffers=() if setup.long else self._receive_buffers(len(setup.partners)),
         )
 
     async def _settle(
@@ -166,6 +226,7 @@ class GossipMixer:
                 )
                 continue
             received[peer] = outcome.theta
+            rt.telemetry.metrics.count(rt.telemetry.metrics.codecs, outcome.codec_sent)
             if outcome.peer_refusal is not None:
                 log.info("round %d: %s refused our θ̃ (%s)", setup.round, peer, outcome.peer_refusal)
                 rt.telemetry.count_failure("one-sided")

@@ -62,6 +62,7 @@ class Runtime:
     message_bytes: int = 0
     address: str = ""
     active_from: int = 0
+    free_from: int = 0  # sitting out of the pairings until this round (a slow link)
     stopping: bool = False
     clock: Callable[[], float] = monotonic
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)

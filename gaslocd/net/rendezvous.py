@@ -110,6 +110,8 @@ class RoundOffer:
     claimed: set[str] = field(default_factory=set)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Future[ExchangeResult]] = field(default_factory=set)  # running accepts
+    peer_tasks: dict[str, asyncio.Future[ExchangeResult]] = field(default_factory=dict)
+    keep: set[str] = field(default_factory=set)  # long exchanges: closing leaves them running
     opened_at: float = 0.0  # loop time
 
     def __post_init__(self) -> None:
@@ -147,6 +149,8 @@ class RoundBoard:
         self.me = me
         self.round_lead = round_lead
         self.offer: RoundOffer | None = None
+        # Closed offers that keep long exchanges: their partner may still call (late).
+        self.lingering: dict[int, RoundOffer] = {}
         self._changed = asyncio.Event()
 
     @property
@@ -166,6 +170,12 @@ class RoundBoard:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def release(self, offer: RoundOffer, peer: str) -> None:
+        """A long exchange of ``offer`` is over: its partner may no longer call."""
+        offer.keep.discard(peer)
+        if not offer.keep and self.lingering.get(offer.round) is offer:
+            del self.lingering[offer.round]
+
     def rewind(self) -> None:
         """Close the open round and forget it, so that the next may have a lower number:
         a peer that ran ahead of the run (alone, while cut off) steps back to the run's
@@ -175,12 +185,17 @@ class RoundBoard:
         self.offer = None
 
     def close(self, offer: RoundOffer) -> None:
-        """No new claims; running streams of the round see ``closed`` and stop."""
+        """No new claims; running streams of the round see ``closed`` and stop, except
+        the long exchanges the offer keeps (gaslocd.net.flights)."""
         offer.closed.set()
+        if offer.keep:
+            self.lingering[offer.round] = offer
+        kept = {id(offer.peer_tasks[p]) for p in offer.keep if p in offer.peer_tasks}
         for task in offer.tasks:
-            task.cancel()
+            if id(task) not in kept:
+                task.cancel()
         for peer, fut in offer.outcomes.items():
-            if not fut.done():
+            if not fut.done() and peer not in offer.keep:
                 fut.set_result(ExchangeFailure(peer, "deadline", "round closed", "accept"))
 
     async def claim(self, round_: int, sender: str, timeout_s: float) -> RoundOffer:
@@ -189,6 +204,9 @@ class RoundBoard:
         deadline = loop.time() + timeout_s
         while True:
             offer = self.offer
+            kept = self.lingering.get(round_)
+            if kept is not None and sender in kept.keep and kept is not offer:
+                return self._claim_in(kept, sender, closed_ok=True)
             if offer is not None:
                 if round_ < offer.round:
                     raise Refusal("stale-round", f"round {round_} < our round {offer.round}")
@@ -209,8 +227,8 @@ class RoundBoard:
             except TimeoutError:
                 continue  # re-check, then refuse with "timeout" above
 
-    def _claim_in(self, offer: RoundOffer, sender: str) -> RoundOffer:
-        if offer.closed.is_set():
+    def _claim_in(self, offer: RoundOffer, sender: str, closed_ok: bool = False) -> RoundOffer:
+        if offer.closed.is_set() and not closed_ok:
             raise Refusal("round-closed", f"round {offer.round} is over here")
         if sender not in offer.partners:
             raise Refusal(

@@ -31,7 +31,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import grpc
 import torch
@@ -41,6 +40,7 @@ from gaslocd.config import WireConfig
 from gaslocd.net.auth import CallAuth, Claim
 from gaslocd.net.client import SERVICE, PeerClient, exchange_header
 from gaslocd.net.codecs import ErrorFeedback, FeedbackBank
+from gaslocd.net.flights import LongFlights, exchange_offer
 from gaslocd.net.frames import frame_refusal
 from gaslocd.net.gate import CallGate, Limits, Method
 from gaslocd.net.proto import peer_pb2 as pb
@@ -51,8 +51,6 @@ from gaslocd.net.rendezvous import (
     ReadyBook,
     RoundBoard,
     RoundOffer,
-    dials,
-    finished_outcome,
 )
 from gaslocd.net.security import server_credentials, server_options
 from gaslocd.net.state import StateProvider, StateSource, send_state
@@ -110,6 +108,7 @@ class ExchangeServer:
         self._state: StateSource | None = None
         self._status_provider: StatusProvider | None = None
         self._ready = ReadyBook()
+        self._long: dict[int, LongFlights] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -149,6 +148,10 @@ class ExchangeServer:
         """Refuse new calls, give running ones ``grace_s``, close channels and threads."""
         if self._board is not None and self._board.offer is not None:
             self._board.close(self._board.offer)
+        flights = [t for round_ in self._long.values() for t in round_.values()]
+        for task in flights:
+            task.cancel()
+        await asyncio.gather(*flights, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
@@ -210,39 +213,25 @@ class ExchangeServer:
         self._board.open(offer)
         self.client.learn_addresses(partners)
 
-    async def exchange_round(self, round_: int, deadline_s: float) -> dict[str, Outcome]:
-        """Exchange with every partner of the open round ``round_``; see the module doc."""
+    async def exchange_round(
+        self, round_: int, deadline_s: float, long: Mapping[str, float] | None = None
+    ) -> dict[str, Outcome]:
+        """Exchange with every partner of the open round ``round_``; see the module doc.
+        ``long``: partners whose exchange may outlive the round (peer → its deadline, s);
+        their outcomes come from :meth:`take_long`, not from here."""
         board, client = self._board, self._client
         if board is None or client is None or board.offer is None or board.offer.round != round_:
             raise ValueError(f"round {round_} is not open (open_round first)")
-        offer = board.offer
-        dialed = {
-            p: asyncio.ensure_future(client.dial(offer, p, deadline_s))
-            for p in offer.partners
-            if dials(self.me.peer_id, p)
-        }
-        waits: list[asyncio.Future[Outcome]] = list(dialed.values())
-        waits += [f for p, f in offer.outcomes.items() if p not in dialed]
-        try:
-            if waits:
-                await asyncio.wait(waits, timeout=deadline_s)
-        finally:
-            board.close(offer)  # late callers are refused; running accepts stop
-            running: list[asyncio.Future[Any]] = [*dialed.values(), *offer.tasks]
-            for fut in running:
-                fut.cancel()  # accepts were cancelled by close(); this is idempotent
-            await asyncio.gather(*running, return_exceptions=True)
-        outcomes: dict[str, Outcome] = {}
-        for peer in offer.partners:
-            dial = dialed.get(peer)
-            fut = offer.outcomes[peer] if dial is None else dial
-            outcomes[peer] = finished_outcome(peer, fut, deadline_s)
-        for out in outcomes.values():
-            if isinstance(out, ExchangeFailure):
-                self.stats.failures[out.reason] += 1
-            else:
-                self.stats.exchanges_ok += 1
+        outcomes, flights = await exchange_offer(
+            board, client, self.me.peer_id, board.offer, deadline_s, long or {}, self.stats
+        )
+        if flights:
+            self._long[round_] = flights
         return outcomes
+
+    def take_long(self, round_: int) -> LongFlights:
+        """The long exchanges of ``round_`` (a task per partner, ending with its outcome)."""
+        return self._long.pop(round_, {})
 
     def partners_ready(self, round_: int, partners: Sequence[str]) -> bool:
         """Whether every one of ``partners`` said it finished its local steps of ``round_``.
@@ -288,6 +277,7 @@ class ExchangeServer:
         sender = header.sender
         work = asyncio.ensure_future(self._accept(offer, header, context))
         offer.tasks.add(work)
+        offer.peer_tasks[sender] = work
         try:
             await asyncio.wait({work})
         except asyncio.CancelledError:  # the caller went away, or the server stops

@@ -9,6 +9,7 @@ simulator and the daemon alike, so the same roster gives the same W in both.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from gaslocd.algorithm.hpolicy import choose_inner_steps, target_round_time
 from gaslocd.algorithm.topology import RoundPlan, plan_round, roster_digest
 from gaslocd.config import AlgoConfig
+from gaslocd.protocol.linkcodec import choose_codec, transfer_s
 from gaslocd.protocol.records import PeerRecord
 
 # Before anything is measured, an exchange may take this long.
@@ -55,8 +57,10 @@ class LinkEstimates:
         return max(self.bandwidth.values(), default=0.0)
 
     def own_bandwidth(self) -> float:
-        """Median over links: what this peer publishes (0 before any exchange)."""
-        return statistics.median(self.bandwidth.values()) if self.bandwidth else 0.0
+        """What this peer publishes as its link's rate (0 before any exchange): the
+        fastest exchange measured, not the median, since a slow partner's link says
+        nothing about ours; peers size codecs and sit-outs from it (:func:`plan_links`)."""
+        return self.best_rate()
 
 
 @dataclass(frozen=True)
@@ -69,15 +73,61 @@ class RoundSetup:
     digest: bytes
     roster_size: int
     target_round_s: float | None = None  # T of docs/design.md §1; None before step times are known
+    # Per partner: the codec our θ̃ goes in (empty: the configured one), and, under overlap,
+    # the rounds a long exchange takes when even the strongest codec misses a round.
+    codecs: dict[str, str] = field(default_factory=dict)
+    long: dict[str, int] = field(default_factory=dict)
+    free_from: int = 0  # > round: we sit out of the pairings until then (our link is slow)
 
     def mixing_row(self, me: str) -> dict[str, float]:
         """This peer's row of W (only itself when it sits out)."""
         return self.plan.mixing_weights(me) if self.plan is not None else {me: 1.0}
 
+    def long_deadline_s(self, partner: str) -> float:
+        """How long a long exchange may take: its rounds of T, with room for jitter."""
+        return self.deadline_s + 1.5 * self.long.get(partner, 1) * (self.target_round_s or 0.0)
+
 
 def active_roster(records: Sequence[PeerRecord], round_: int) -> list[PeerRecord]:
-    """Records that take part in ``round_``."""
-    return [r for r in records if r.active_from <= round_]
+    """Records that take part in ``round_``: active, and not sitting out."""
+    return [r for r in records if r.active_from <= round_ and r.free_from <= round_]
+
+
+@dataclass(frozen=True)
+class LinkPlan:
+    codecs: dict[str, str]
+    long: dict[str, int]
+    free_from: int
+
+
+def plan_links(
+    round_: int,
+    me: PeerRecord | None,
+    partners: Sequence[PeerRecord],
+    ladder: Sequence[str],
+    numel: int,
+    budget_s: float,
+    overlap: bool,
+) -> LinkPlan:
+    """Per partner, the codec that carries θ̃ within ``budget_s`` (the next round's
+    compute when overlapped), from the *published* rates of both ends: both sides read the
+    same records, so both classify the link alike. Under overlap a link that not even the
+    strongest codec crosses in budget becomes a long exchange of k rounds, mixed when it
+    lands; and when it is *our own* link that is too slow, we sit out of the pairings for
+    those k rounds (``free_from``), so that nobody waits for us meanwhile.
+    """
+    codecs: dict[str, str] = {}
+    long: dict[str, int] = {}
+    own = me.bandwidth_bytes_per_s if me is not None else 0.0
+    for q in partners:
+        rates = [x for x in (own, q.bandwidth_bytes_per_s) if x > 0]
+        choice = choose_codec(ladder, numel, min(rates) if rates else None, budget_s)
+        codecs[q.peer_id] = choice.codec
+        if overlap and not choice.fits and choice.transfer_s is not None:
+            long[q.peer_id] = max(2, math.ceil(choice.transfer_s / budget_s))
+    slow = own > 0 and transfer_s(ladder[-1], numel, own) > budget_s
+    free_from = round_ + max(long.values()) if long and slow else 0
+    return LinkPlan(codecs, long, free_from)
 
 
 def typical_transfer_s(records: Sequence[PeerRecord], message_bytes: int) -> float:
@@ -108,8 +158,13 @@ def plan_this_round(
     links: LinkEstimates,
     message_bytes: int,
     fixed_deadline_s: float | None,
+    *,
+    ladder: Sequence[str] = (),
+    numel: int = 0,
 ) -> RoundSetup:
-    """Roster → partners → H → deadline for ``round_`` (docs/design.md §1 and §3)."""
+    """Roster → partners → H → deadline → codec per link for ``round_`` (docs/design.md
+    §1 and §3). ``ladder``: the codecs a link may step down to (empty: always the
+    configured one); ``numel``: the model's size, for their message sizes."""
     active = active_roster(records, round_)
     by_id = {r.peer_id: r for r in active}
     ids = sorted(by_id)
@@ -137,6 +192,13 @@ def plan_this_round(
         inner_steps = choose_inner_steps(
             target, expected, links.step_time_s, algo.h_min, algo.h_upper
         )
+    links_plan = LinkPlan({}, {}, 0)
+    if len(ladder) > 1 and target is not None and partners:
+        budget = target - (0.0 if algo.overlap else algo.h_min * (links.step_time_s or 0.0))
+        mine = next((r for r in records if r.peer_id == me), None)
+        links_plan = plan_links(
+            round_, mine, [by_id[q] for q in partners], ladder, numel, budget, algo.overlap
+        )
     return RoundSetup(
         round=round_,
         plan=plan,
@@ -146,4 +208,7 @@ def plan_this_round(
         digest=bytes.fromhex(roster_digest(ids)),
         roster_size=len(ids),
         target_round_s=target,
+        codecs=links_plan.codecs,
+        long=links_plan.long,
+        free_from=links_plan.free_from,
     )

@@ -16,7 +16,7 @@ from typing import Any
 WIRE_VERSION = 1
 _MAX_STR = 256  # generous for an address or a digest, small enough that garbage stays cheap
 _MAX_INT = 2**62
-_OPTIONAL = ("started_at", "active_from")  # fields added after version 1 was first used
+_OPTIONAL = ("started_at", "active_from", "free_from")  # added after version 1 was in use
 
 # Plausibility bounds for records read from a network (check_plausible). Generous: an
 # honest record must never fail them, an absurd one (round 2**60) must.
@@ -50,6 +50,9 @@ class PeerRecord:
     # First round this peer takes part in: a newcomer announces itself a few rounds ahead
     # so that every peer counts it from the same round and computes the same pairing.
     active_from: int = 0
+    # A peer whose link cannot carry a model in a round sits out of the pairings until
+    # this round while its long exchange runs (gaslocd.protocol.plan, "Sit out").
+    free_from: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -89,6 +92,7 @@ class PeerRecord:
         )
         _check(self.round <= max_round, f"round {self.round} is beyond any run (> {max_round})")
         _check(self.active_from <= max_round, f"active_from {self.active_from} is beyond any run")
+        _check(self.free_from <= max_round, f"free_from {self.free_from} is beyond any run")
         _check(self.inner_steps <= MAX_INNER_STEPS, f"inner_steps {self.inner_steps} is absurd")
         _check(self.step_time_s <= MAX_STEP_TIME_S, f"step time {self.step_time_s} s is absurd")
         _check(

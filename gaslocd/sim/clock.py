@@ -65,14 +65,18 @@ class NetworkModel:
     def workers(self) -> int:
         return len(self.bandwidth_bytes_per_s)
 
-    def edge_transfer_s(self, a: int, b: int, degree_a: int, degree_b: int) -> float:
+    def edge_transfer_s(
+        self, a: int, b: int, degree_a: int, degree_b: int, nbytes: int | None = None
+    ) -> float:
         """One bidirectional exchange a–b while each also serves its other partners.
 
         Each access link is full duplex and split evenly over its concurrent exchanges.
+        ``nbytes``: the larger of the two messages (a link's own codec), else the model's.
         """
         share_a = self.bandwidth_bytes_per_s[a] / max(1, degree_a)
         share_b = self.bandwidth_bytes_per_s[b] / max(1, degree_b)
-        return self.latency_s + self.message_bytes / min(share_a, share_b)
+        size = self.message_bytes if nbytes is None else nbytes
+        return self.latency_s + size / min(share_a, share_b)
 
     def own_transfer_s(self, a: int, degree_a: int) -> float:
         """What a's exchanges would take if every partner were as fast as a."""

@@ -108,6 +108,9 @@ class Simulation:
         self.norm_bound = WireConfig().norm_bound
         self._schedule: Schedule | None = None
         self._held: RoundState | None = None  # overlap: the round on the wire
+        # Long exchanges in flight: (round, receiver, sender) -> what the receiver got.
+        self._long_messages: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.index = {p: k for k, p in enumerate(self.roster)}
         self._bytes_sent = [0.0] * sim.workers
 
     @property
@@ -163,7 +166,7 @@ class Simulation:
         for e in (e for e in state.edges if e.moved):
             for me, other in ((e.a, e.b), (e.b, e.a)):
                 own = on_host(self.workers[me].flat.flat)
-                theirs = self.transport.fetch(state.round, self.roster[other])
+                theirs = self._fetch(state, other, me)
                 if float((theirs - own).norm()) > self.norm_bound * float(own.norm()):
                     refused.add((me, other))
         return refused
@@ -180,9 +183,32 @@ class Simulation:
                 else:  # out of the group: its own pseudo-gradient, as the daemon falls back
                     w.outer_update_from_average(w.theta_start - w.flat.flat, cfg)
             return
-        for w, peer, row in zip(self.workers, self.roster, state.rows, strict=True):
-            received = {q: self.transport.fetch(t, q) for q in row if q != peer}
+        for k, (w, peer, row) in enumerate(zip(self.workers, self.roster, state.rows, strict=True)):
+            received = {q: self._fetch(state, self.index[q], k) for q in row if q != peer}
             w.outer_update(row, received, peer, cfg)
+
+    def _fetch(self, state: RoundState, sender: int, receiver: int) -> torch.Tensor:
+        """What ``receiver`` decodes of ``sender``'s θ̃ this round, in that link's codec."""
+        codec = state.setups[sender].codecs.get(self.roster[receiver])
+        return self.transport.fetch(state.round, self.roster[sender], codec)
+
+    def _keep_long(self, state: RoundState) -> None:
+        """A long exchange of this round lands rounds later: both ends keep their own θ̃
+        and what they will receive, until then."""
+        for e in state.long_edges:
+            for me, other in ((e.a, e.b), (e.b, e.a)):
+                self.workers[me].keep_for_long(state.round)
+                if e.moved:
+                    message = self._fetch(state, other, me).clone()
+                    self._long_messages[(state.round, me, other)] = message
+
+    def _land_long(self, state: RoundState) -> None:
+        """Each worker mixes the long exchanges that ended before it lands this round."""
+        for k, w in enumerate(self.workers):
+            for e in self.schedule.long_due(k, state.opened_s[k]):
+                other = e.b if k == e.a else e.a
+                message = self._long_messages.pop((e.round, k, other), None)
+                w.apply_pair_mix(e.round, e.weight, message if e.moved else None)
 
     def _resync(self, state: RoundState) -> None:
         """Peers that failed to exchange for several rounds take a live peer's θ, m and
@@ -197,9 +223,11 @@ class Simulation:
             for k in state.group:
                 self._bytes_sent[k] += self.net.allreduce_bytes(len(state.group))
             return
-        for e in (e for e in state.edges if e.moved):
-            self._bytes_sent[e.a] += self.net.message_bytes
-            self._bytes_sent[e.b] += self.net.message_bytes
+        ids = state.roster
+        ends = [(e.a, e.b) for e in state.edges if e.moved]
+        for a, b in ends + [(e.a, e.b) for e in state.long_edges if e.moved]:
+            self._bytes_sent[a] += self.schedule.edge_bytes(state.setups[a], ids[b])
+            self._bytes_sent[b] += self.schedule.edge_bytes(state.setups[b], ids[a])
 
     def _round(self, t: int) -> tuple[RoundState, float]:
         schedule = self.schedule
@@ -207,8 +235,10 @@ class Simulation:
         losses = self._train(state)
         if self._held is not None:  # overlap: the previous round's delayed outer step
             self._finish(self._held)
+        self._land_long(state)
         self._post(state)
         schedule.exchange(state, self.transport.exchange)
+        self._keep_long(state)
         if state.group is None:
             state.refused = self._refusals(state)
         schedule.settle(state)

@@ -17,105 +17,35 @@ records); the runner trains and mixes in between, a replay does not.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import replace
 
 from gaslocd import __version__
-from gaslocd.config import AlgoConfig, DaemonConfig, SimConfig
+from gaslocd.config import CODECS, AlgoConfig, DaemonConfig, SimConfig
+from gaslocd.protocol.linkcodec import codec_ladder
+from gaslocd.protocol.linkcodec import message_bytes as codec_bytes
 from gaslocd.protocol.plan import LinkEstimates, RoundSetup, plan_this_round
 from gaslocd.protocol.policy import RoundPolicy, counted_exchanges, mixing_row, resync_sources
 from gaslocd.protocol.records import PeerRecord
 from gaslocd.sim.clock import (
     FAULT,
     EdgeTiming,
-    NetworkModel,
     SimClock,
     fill_steps,
     split_exchange_phase,
     time_edge,
 )
+from gaslocd.sim.state import (
+    ExchangeOk,
+    LongEdge,
+    RoundState,
+    SimPeer,
+    network_model,
+    round_digest,
+    worker_roster,
+)
 
-ExchangeOk = Callable[[int, str, str], bool]
-"""(round, a, b) → False when the a–b exchange breaks (an edge fault), for both ends."""
-
-
-def worker_roster(workers: int) -> list[str]:
-    """The simulated peers' ids, sorted as the roster is."""
-    return [f"w{k:03d}" for k in range(workers)]
-
-
-def network_model(sim: SimConfig, encoded_message_bytes: int) -> NetworkModel:
-    """The clock's network for ``sim``: its own message size if set, else the encoded model."""
-    return NetworkModel(
-        tuple(sim.bandwidth_bytes_per_s(k) for k in range(sim.workers)),
-        sim.latency_ms / 1000,
-        sim.message_bytes or encoded_message_bytes,
-    )
-
-
-def round_digest(
-    inner_steps: Sequence[int], filled_steps: Sequence[int], mixing: Sequence[Sequence[float]]
-) -> str:
-    """What determines a round's math, hashed: H and filled steps per worker, and W.
-
-    Two runs of the same seed whose rounds all have equal digests trained the same models,
-    whatever their clocks said: :mod:`gaslocd.sim.replay` relies on it.
-    """
-    text = json.dumps([list(inner_steps), list(filled_steps), [list(r) for r in mixing]])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@dataclass
-class SimPeer:
-    """One simulated daemon's protocol state (its model lives in the runner)."""
-
-    peer_id: str
-    step_time_s: float
-    links: LinkEstimates
-    policy: RoundPolicy
-
-
-@dataclass
-class RoundState:
-    """One round as it unfolds; the schedule fills it in phase by phase."""
-
-    round: int
-    setups: list[RoundSetup]
-    records: list[PeerRecord]  # the roster as published at the end of round t−1
-    arrived_s: list[float]  # when each peer ended round t−1
-    start_s: list[float]  # when it started round t (later if it paced)
-    planned: list[int]
-    filled: list[int]
-    opened_s: list[float]  # when each peer opened its exchanges (its steps all done)
-    edges: list[EdgeTiming] = field(default_factory=list)
-    group: tuple[int, ...] | None = None  # all-reduce members; None: gossip
-    exchange_end_s: list[float] = field(default_factory=list)
-    refused: set[tuple[int, int]] = field(default_factory=set)  # (receiver, sender)
-    counted: list[set[str]] = field(default_factory=list)
-    rows: list[dict[str, float]] = field(default_factory=list)
-    resyncs: list[tuple[int, int]] = field(default_factory=list)  # (peer, its source)
-    failures: dict[str, int] = field(default_factory=dict)  # reason -> failed edges
-
-    @property
-    def roster(self) -> tuple[str, ...]:
-        plan = self.setups[0].plan
-        assert plan is not None  # every simulated peer is in the roster from round 0
-        return plan.roster
-
-    def planned_edges(self) -> list[tuple[str, str]]:
-        plan = self.setups[0].plan
-        assert plan is not None
-        return plan.edges()
-
-    def mixing_matrix(self) -> list[list[float]]:
-        """W as applied, n×n over the sorted roster (rows: after failed exchanges)."""
-        ids = self.roster
-        return [[row.get(q, 0.0) for q in ids] for row in self.rows]
-
-    def digest(self) -> str:
-        return round_digest(self.planned, self.filled, self.mixing_matrix())
+__all__ = ["ExchangeOk", "RoundState", "Schedule", "round_digest", "worker_roster"]
 
 
 class Schedule:
@@ -131,6 +61,9 @@ class Schedule:
         fingerprint: str,
     ) -> None:
         self.algo, self.run_id, self.message_bytes = algo, run_id, message_bytes
+        self.codec = sim.codec
+        # The model's size, for the other codecs' message sizes (from the sim's own).
+        self.numel = message_bytes * 1_000_000 // codec_bytes(sim.codec, 1_000_000)
         self.net = network_model(sim, message_bytes)
         self.clock = SimClock(sim.workers)
         ttl = DaemonConfig().record_ttl_s
@@ -140,19 +73,40 @@ class Schedule:
             for p, s in zip(ids, step_times_s, strict=True)
         ]
         self.index = {p: k for k, p in enumerate(ids)}
+        if algo.adapt_codec:  # peers start as newcomers to a running run do (see _seed)
+            self._seed(sim)
         self.fingerprint = fingerprint
+        self.free_from = [0] * sim.workers
         self.records = [self._record(k, 0, algo.inner_steps) for k in range(sim.workers)]
         self.allreduce = algo.topology == "complete"  # DiLoCo: how anyone runs J/n
         self.fills = algo.adapt_h and algo.algo != "diloco" and not self.allreduce
         self.overlap = algo.overlap and not self.allreduce
+        gossip_adapts = algo.adapt_codec and not self.allreduce
+        self.ladder = codec_ladder(sim.codec, CODECS) if gossip_adapts else ()
+        self.long_edges: list[LongEdge] = []  # long exchanges not yet mixed by both ends
         self._older_ends = [0.0] * sim.workers  # when each peer ended round t−2
         self.pace_timeouts = 0
         # Overlap: the round still on the wire, and each peer's own traffic time in it.
         self.in_flight: tuple[RoundState, list[float]] | None = None
 
-    def _record(self, k: int, round_: int, inner_steps: int) -> PeerRecord:
+    def _seed(self, sim: SimConfig) -> None:
+        """What a daemon knows before its first round when it joins a running run: its
+        link's rate (it fetched the state, two models) and its step time (published by
+        the others). Without it, every link's first exchange would go in the best codec
+        whatever the link, which only the very first peers of a real run pay."""
+        for k, peer in enumerate(self.peers):
+            state_bytes = 2 * self.message_bytes
+            seconds = self.net.latency_s + state_bytes / sim.bandwidth_bytes_per_s(k)
+            peer.links.record_transfer("state-source", seconds, state_bytes)
+            peer.links.record_step_time(peer.step_time_s)
+
+    def _record(
+        self, k: int, round_: int, inner_steps: int, setup: RoundSetup | None = None
+    ) -> PeerRecord:
         """What peer k publishes (as a daemon's ``Membership.record``)."""
         peer = self.peers[k]
+        if setup is not None:  # sitting out: until the round its long exchange lands
+            self.free_from[k] = max(self.free_from[k], setup.free_from)
         return PeerRecord(
             peer_id=peer.peer_id,
             address=f"{peer.peer_id}:1",
@@ -162,6 +116,7 @@ class Schedule:
             step_time_s=float(peer.links.step_time_s or 0.0),
             bandwidth_bytes_per_s=float(peer.links.own_bandwidth()),
             version=__version__,
+            free_from=self.free_from[k],
         )
 
     # -- phase 1: plan, train, fill ---------------------------------------------------------
@@ -199,7 +154,16 @@ class Schedule:
                 start = until
             view = self._view(t, start)
         setup = plan_this_round(
-            self.algo, self.run_id, peer.peer_id, t, view, peer.links, self.message_bytes, None
+            self.algo,
+            self.run_id,
+            peer.peer_id,
+            t,
+            view,
+            peer.links,
+            self.message_bytes,
+            None,
+            ladder=self.ladder,
+            numel=self.numel,
         )
         return start, setup
 
@@ -210,10 +174,11 @@ class Schedule:
         started = [self._start(k, t) for k in range(len(self.peers))]
         start = [s for s, _ in started]
         setups = [setup for _, setup in started]
-        first = setups[0]
-        for setup in setups[1:]:
-            if setup.plan != first.plan or setup.digest != first.digest:
-                raise RuntimeError(f"round {t}: peers planned different pairings")
+        paired = [s for s in setups if s.plan is not None]  # the others sit out
+        if not paired or any(
+            s.plan != paired[0].plan or s.digest != paired[0].digest for s in paired
+        ):
+            raise RuntimeError(f"round {t}: peers planned different pairings")
         planned = [s.inner_steps for s in setups]
         ready = [s + h * p.step_time_s for s, h, p in zip(start, planned, self.peers, strict=True)]
         for peer in self.peers:
@@ -224,6 +189,7 @@ class Schedule:
             prev = self.in_flight[0].exchange_end_s
             opened = [max(o, end) for o, end in zip(opened, prev, strict=True)]
         state = RoundState(t, setups, records, arrived, start, planned, filled, opened)
+        state.ids = tuple(p.peer_id for p in self.peers)
         state.group = () if self.allreduce else None  # the runner offers Δ, not θ̃
         return state
 
@@ -253,22 +219,49 @@ class Schedule:
         if self.allreduce:
             self._allreduce(state, exchange_ok)
             return
-        plan = state.setups[0].plan
-        assert plan is not None
+        plan = state.plan
         ends = list(state.opened_s)
         for a, b in plan.edges():
             i, j = self.index[a], self.index[b]
-            transfer = self.net.edge_transfer_s(i, j, plan.degree(a), plan.degree(b))
+            si, sj = state.setups[i], state.setups[j]
+            nbytes = max(self.edge_bytes(si, b), self.edge_bytes(sj, a))
+            transfer = self.net.edge_transfer_s(i, j, plan.degree(a), plan.degree(b), nbytes)
             opened = (state.opened_s[i], state.opened_s[j])
-            deadlines = (state.setups[i].deadline_s, state.setups[j].deadline_s)
+            deadlines = (si.deadline_s, sj.deadline_s)
+            long = b in si.long or a in sj.long
+            if long:  # it may take the rounds it needs: nobody waits for it
+                deadlines = (si.long_deadline_s(b), sj.long_deadline_s(a))
             edge = time_edge(i, j, opened, deadlines, transfer)
             if edge.moved and not exchange_ok(state.round, a, b):
                 edge = time_edge(i, j, opened, deadlines, transfer, broken=True)
+            if long:
+                weight = plan.mixing_weights(a)[b]
+                end = max(edge.end_a_s, edge.end_b_s)
+                state.long_edges.append(LongEdge(state.round, i, j, weight, end, edge.moved))
+                if edge.moved:
+                    for k, q in ((i, b), (j, a)):
+                        self.peers[k].links.record_transfer(q, edge.transfer_s, nbytes)
+                continue
             state.edges.append(edge)
             ends[i], ends[j] = max(ends[i], edge.end_a_s), max(ends[j], edge.end_b_s)
             if not edge.moved:
                 state.failures[edge.outcome] = state.failures.get(edge.outcome, 0) + 1
         state.exchange_end_s = ends
+
+    def edge_bytes(self, setup: RoundSetup, partner: str) -> int:
+        """The bytes of the message a peer sends ``partner`` in its codec for that link."""
+        codec = setup.codecs.get(partner, self.codec)
+        return self.message_bytes if codec == self.codec else codec_bytes(codec, self.numel)
+
+    def long_due(self, k: int, now: float) -> list[LongEdge]:
+        """Long exchanges peer k mixes now (ended by ``now``, not yet mixed by it)."""
+        due = [
+            e for e in self.long_edges if k in (e.a, e.b) and k not in e.landed and e.end_s <= now
+        ]
+        for e in due:
+            e.landed.add(k)
+        self.long_edges = [e for e in self.long_edges if len(e.landed) < 2]
+        return due
 
     def _allreduce(self, state: RoundState, exchange_ok: ExchangeOk) -> None:
         """A barrier: the members start together when the last is ready. A peer with a
@@ -327,11 +320,12 @@ class Schedule:
                 },
             )
         self.records = [
-            self._record(k, t + 1, state.planned[k] + state.filled[k])
+            self._record(k, t + 1, state.planned[k] + state.filled[k], state.setups[k])
             for k in range(len(self.peers))
         ]
         if self.overlap:
             self.in_flight = (state, traffic)
+            self.long_edges += state.long_edges
 
     def _in_flight_wait(self, k: int, since: float, until: float) -> dict[str, float]:
         """Overlap: peer k's wait from ``since`` (its steps done) to ``until`` for the
@@ -400,7 +394,7 @@ class Schedule:
             for q in sorted(counted):
                 j = self.index[q]
                 seconds = transfer[(min(k, j), max(k, j))]
-                peer.links.record_transfer(q, seconds, self.message_bytes)
+                peer.links.record_transfer(q, seconds, self.edge_bytes(state.setups[j], ids[k]))
         return [self.net.own_transfer_s(k, moved[k]) for k in range(n)]
 
     def _count_allreduce(self, state: RoundState, group: tuple[int, ...]) -> list[float]:

@@ -119,6 +119,9 @@ class Worker:
         # Overlap (docs/design.md §1): θ̃ of the round whose exchange is still on the wire,
         # kept unchanged while the next round trains on; None when nothing is in flight.
         self.pending: torch.Tensor | None = None
+        # Our θ̃ of rounds whose long exchange (a link too slow for a round) is still on
+        # the wire: kept until it lands, for the pairwise mix (see apply_pair_mix).
+        self.long_own: dict[int, torch.Tensor] = {}
         self.round = 0
         self.lock = threading.Lock()
         self.trust = TrustRadius(trust)  # robust mixing's memory (docs/design.md §1)
@@ -226,6 +229,34 @@ class Worker:
                 self.round += 1
         return OuterResult(consensus, report)
 
+    def keep_for_long(self, round_: int) -> None:
+        """Keep the held θ̃ of ``round_`` for a long exchange landing rounds later."""
+        with self.lock:
+            if self.pending is not None:
+                self.long_own[round_] = self.pending.clone()
+
+    def apply_pair_mix(self, round_: int, weight: float, other: torch.Tensor | None) -> bool:
+        """A long exchange of ``round_`` has landed (``other``: the partner's θ̃ then; None:
+        it failed): move by ``weight``·(θ̃_other − θ̃_own) of that round.
+
+        Both ends apply the opposite move, so their sum, and the network mean, stay put:
+        the pairwise average of a doubly stochastic W, only late. The round's own outer
+        step already ran without that partner (its weight went to the self weight). θ,
+        the live parameters and a held θ̃ all move, so no pseudo-gradient counts it.
+        Returns whether it was applied (False: failed, or our copy went with a resync).
+        """
+        with self.lock:
+            own = self.long_own.pop(round_, None)
+            if own is None or other is None:
+                return False
+            step = other.to(self.device, torch.float32, copy=True).sub_(own).mul_(weight)
+            if not all_finite(step):
+                return False
+            for t in (self.theta_start, self.flat.flat, self.pending):
+                if t is not None:
+                    t.add_(step)
+        return True
+
     def drop_pending(self) -> None:
         """Overlap: the held round's exchange is abandoned (a resync, a stop); θ̃ was
         already the live parameters' starting point, so the outer step is simply not
@@ -274,6 +305,7 @@ class Worker:
             self.momentum.copy_(momentum.reshape(-1))
             self.round = round_
             self.pending = None  # an exchange in flight belonged to the state left behind
+            self.long_own.clear()
             self.flat.load_(self.theta_start)
 
     def save(self, directory: Path, extra: dict[str, Any], keep: int = 1) -> Path:

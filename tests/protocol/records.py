@@ -12,6 +12,7 @@ def record(
     step: float = 0.1,
     bandwidth: float = 1e6,
     active_from: int = 0,
+    free_from: int = 0,
 ) -> PeerRecord:
     return PeerRecord(
         peer_id=peer_id,
@@ -23,4 +24,5 @@ def record(
         bandwidth_bytes_per_s=bandwidth,
         version="0",
         active_from=active_from,
+        free_from=free_from,
     )

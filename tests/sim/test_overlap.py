@@ -133,3 +133,54 @@ def test_an_overlapped_simulation_trains_and_lands_its_last_step(corpus: Corpus)
     result = simulation.run()
     assert all(w.pending is None and w.round == 4 for w in simulation.workers)
     assert result.final_val_loss < result.initial_val_loss
+
+
+def test_a_long_exchange_mixes_both_ends_late_and_keeps_their_sum() -> None:
+    corpus = _corpus()
+    a, b = Worker(TRAIN, corpus, 0), Worker(TRAIN, corpus, 1)
+    for w in (a, b):
+        w.begin_round()
+        w.train(2)
+    tilde = {"a": a.hold_tilde().clone(), "b": b.hold_tilde().clone()}
+    for w in (a, b):
+        w.keep_for_long(0)
+    cfg = OuterConfig()
+    for w, me in ((a, "a"), (b, "b")):  # round 0 lands without the long partner
+        w.outer_update({me: 1.0}, {}, me, cfg)
+        w.begin_round()
+        w.train(1)
+    before = a.theta_start + b.theta_start, a.flat.flat - a.theta_start
+    assert a.apply_pair_mix(0, 0.5, tilde["b"]) and b.apply_pair_mix(0, 0.5, tilde["a"])
+    torch.testing.assert_close(a.theta_start + b.theta_start, before[0])  # the mean stays
+    torch.testing.assert_close(a.flat.flat - a.theta_start, before[1])  # progress rides on
+    assert not a.long_own and not a.apply_pair_mix(0, 0.5, tilde["b"])  # once only
+    b.keep_for_long(1)
+    assert not b.apply_pair_mix(1, 0.5, None) and not b.long_own  # failed: dropped
+
+
+def test_a_straggler_whose_link_needs_rounds_sits_out_and_nobody_waits(corpus: Corpus) -> None:
+    # fp16 25 MB at 0.5 MB/s is 50 s against 10 × 0.5 s rounds: q4 needs 3 rounds.
+    sim = SimConfig(
+        workers=4,
+        rounds=8,
+        step_time_s=0.5,
+        bandwidth_mbps=400,
+        codec="fp16",
+        message_bytes=25 * MB,
+        stragglers=(Straggler(0, 0.01),),
+        eval_every=8,
+    )
+    algo = AlgoConfig(
+        topology="1peer", inner_steps=10, adapt_h=True, overlap=True, adapt_codec=True
+    )
+    simulation = Simulation(algo, TRAIN, sim, corpus=corpus)
+    result = simulation.run()
+    schedule = simulation.schedule
+    assert schedule.free_from[0] > 0 and not any(schedule.free_from[1:])
+    assert min(result.compute_fraction_per_worker[1:]) > 0.95
+    assert result.final_val_loss < result.initial_val_loss
+    rows = [r.mixing_matrix for r in result.records]
+    assert sum(m[0][0] == 1.0 for m in rows) >= 3  # rounds it sat out (or mixed late)
+    for matrix in rows:  # W doubly stochastic every round, the sitting-out row e_0
+        for line in (*matrix, *zip(*matrix, strict=True)):
+            assert sum(line) == pytest.approx(1.0)

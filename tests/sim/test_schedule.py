@@ -76,8 +76,8 @@ def test_the_pairing_is_plan_round_on_the_run_id_and_round(topology: str) -> Non
 
 
 def test_peers_that_plan_different_pairings_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    def skewed(algo, run_id, me, *args):  # type: ignore[no-untyped-def]
-        return plan_this_round(algo, run_id + ("-x" if me == "w001" else ""), me, *args)
+    def skewed(algo, run_id, me, *args, **kw):  # type: ignore[no-untyped-def]
+        return plan_this_round(algo, run_id + ("-x" if me == "w001" else ""), me, *args, **kw)
 
     monkeypatch.setattr(schedule_module, "plan_this_round", skewed)
     with pytest.raises(RuntimeError, match="different pairings"):

@@ -1,0 +1,111 @@
+"""A round's exchanges on the wire: dial, wait, close; and long ones that outlive the round.
+
+A *long* exchange is one whose link cannot carry θ̃ within a round (the protocol decides,
+:func:`gaslocd.protocol.plan.plan_links`): it is started with the round like any other,
+but the round does not wait for it. When the round closes, its stream goes on (the
+offer *keeps* that partner: :meth:`~gaslocd.net.rendezvous.RoundBoard.close` leaves it
+running, and the next round's offer does not close it either) until it ends or its own
+deadline passes; the caller gets a task per long partner and mixes its result whenever
+it lands. Everything else behaves as a round always did: when :func:`exchange_offer`
+returns, nothing of the round but the long streams is still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from gaslocd.net.client import PeerClient
+from gaslocd.net.rendezvous import (
+    ExchangeFailure,
+    Outcome,
+    RoundBoard,
+    RoundOffer,
+    dials,
+    finished_outcome,
+)
+from gaslocd.net.validation import WireStats
+
+LongFlights = dict[str, "asyncio.Task[Outcome]"]
+
+
+def _count(stats: WireStats, outcome: Outcome) -> Outcome:
+    if isinstance(outcome, ExchangeFailure):
+        stats.failures[outcome.reason] += 1
+    else:
+        stats.exchanges_ok += 1
+    return outcome
+
+
+async def exchange_offer(
+    board: RoundBoard,
+    client: PeerClient,
+    me: str,
+    offer: RoundOffer,
+    deadline_s: float,
+    long: Mapping[str, float],
+    stats: WireStats,
+) -> tuple[dict[str, Outcome], LongFlights]:
+    """Exchange with every partner of ``offer``: the round's outcomes (long partners
+    excluded) once all are in or ``deadline_s`` passed, and a task per long partner
+    (``long``: peer → its own deadline in seconds) that ends with its outcome."""
+    offer.keep = {p for p in long if p in offer.partners}
+    dialed = {
+        p: asyncio.ensure_future(client.dial(offer, p, long.get(p, deadline_s)))
+        for p in offer.partners
+        if dials(me, p)
+    }
+    futures: dict[str, asyncio.Future[Outcome]] = {
+        p: dialed.get(p) or offer.outcomes[p] for p in offer.partners
+    }
+    waits = [f for p, f in futures.items() if p not in offer.keep]
+    done = False
+    try:
+        if waits:
+            await asyncio.wait(waits, timeout=deadline_s)
+        done = True
+    finally:
+        if not done:  # cancelled (a stop): the long streams go too
+            offer.keep = set()
+        board.close(offer)  # late callers are refused; running accepts stop, kept ones not
+        running: list[asyncio.Future[Any]] = [f for p, f in dialed.items() if p not in offer.keep]
+        running += [t for p, t in offer.peer_tasks.items() if p not in offer.keep]
+        for fut in running:
+            fut.cancel()  # accepts were cancelled by close(); this is idempotent
+        await asyncio.gather(*running, return_exceptions=True)
+    outcomes = {
+        p: _count(stats, finished_outcome(p, f, deadline_s))
+        for p, f in futures.items()
+        if p not in offer.keep
+    }
+    flights: LongFlights = {
+        p: asyncio.ensure_future(_long(board, offer, p, futures[p], dialed.get(p), long[p], stats))
+        for p in offer.keep
+    }
+    return outcomes, flights
+
+
+async def _long(
+    board: RoundBoard,
+    offer: RoundOffer,
+    peer: str,
+    outcome: asyncio.Future[Outcome],
+    dial: asyncio.Future[Outcome] | None,
+    deadline_s: float,
+    stats: WireStats,
+) -> Outcome:
+    """One long exchange to its end, or its deadline (then its stream is cancelled)."""
+    try:
+        await asyncio.wait({outcome}, timeout=deadline_s)
+    finally:
+        if not outcome.done():
+            accept = offer.peer_tasks.get(peer)
+            if accept is not None:
+                accept.cancel()
+            offer.resolve(peer, ExchangeFailure(peer, "deadline", "long exchange", "accept"))
+            if dial is not None:
+                dial.cancel()
+                await asyncio.gather(dial, return_exceptions=True)
+        board.release(offer, peer)
+    return _count(stats, finished_outcome(peer, outcome, deadline_s))

@@ -1,0 +1,82 @@
+"""A long exchange on the real wire: live ExchangeServers on 127.0.0.1. The round does not
+wait for it, the next rounds open and close around it, and it still lands with the θ̃ of
+its own round; past its own deadline it fails for both ends, and a stop ends it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from test_link_codecs import _servers, _theta
+
+from gaslocd.net.rendezvous import ExchangeFailure, ExchangeResult
+
+pytestmark = pytest.mark.net
+
+A, B, C = "peer-a", "peer-b", "peer-c"  # a dials b and c (the smaller id dials)
+Z = "peer-0"  # dials a
+FP32 = ("fp32",)
+
+
+def _address(servers: dict, peer: str) -> str:  # type: ignore[type-arg]
+    return f"127.0.0.1:{servers[peer].port}"
+
+
+async def _late_long_exchange(late: str) -> None:
+    async with _servers({A: FP32, late: FP32, C: FP32}) as s:
+        a, b, c = s[A], s[late], s[C]
+        B = late
+        # Round 1: a pairs with b (long) and c (normal); b opens late, after a's round 1
+        # is over and its round 2 (with c) is open.
+        await a.open_round(1, _theta(A), {B: _address(s, B), C: _address(s, C)})
+        await c.open_round(1, _theta(C), {A: _address(s, A)})
+        first = await asyncio.wait_for(
+            asyncio.gather(a.exchange_round(1, 5.0, long={B: 30.0}), c.exchange_round(1, 5.0)),
+            20,
+        )
+        assert set(first[0]) == {C} and isinstance(first[0][C], ExchangeResult)
+        flights = a.take_long(1)
+        assert set(flights) == {B} and not flights[B].done()
+        await a.open_round(2, _theta(A) + 1e-3, {C: _address(s, C)})
+        await c.open_round(2, _theta(C), {A: _address(s, A)})
+        second = await asyncio.wait_for(
+            asyncio.gather(a.exchange_round(2, 5.0), c.exchange_round(2, 5.0)), 20
+        )
+        assert isinstance(second[0][C], ExchangeResult)
+        # Now the late peer gets to round 1. When a dials it, its accept claims a's round-1
+        # call, which has waited since; when it dials a, a's lingering round-1 offer
+        # (closed, but keeping this partner) takes the call.
+        partners = {A: _address(s, A)}
+        theta_b = _theta(B)
+        await b.open_round(1, theta_b, partners)
+        out_b = await asyncio.wait_for(b.exchange_round(1, 10.0), 20)
+        landed = await asyncio.wait_for(flights[B], 30)
+        assert isinstance(landed, ExchangeResult), landed
+        torch.testing.assert_close(landed.theta, theta_b)  # round 1's θ̃, not a later one
+        got = out_b[A]
+        assert isinstance(got, ExchangeResult), got
+        torch.testing.assert_close(got.theta, _theta(A))  # a sent its round-1 θ̃
+
+
+@pytest.mark.parametrize("late", [B, Z], ids=["it-is-dialed", "it-dials"])
+def test_a_long_exchange_outlives_its_round_and_lands_with_that_rounds_theta(late: str) -> None:
+    asyncio.run(_late_long_exchange(late))
+
+
+def test_a_long_exchange_past_its_own_deadline_fails_and_a_stop_ends_one_in_flight() -> None:
+    async def main() -> None:
+        async with _servers({A: FP32, B: FP32}) as s:
+            a = s[A]
+            await a.open_round(1, _theta(A), {B: _address(s, B)})
+            outcomes = await a.exchange_round(1, 1.0, long={B: 0.5})  # b never opens
+            assert outcomes == {}
+            late = await asyncio.wait_for(a.take_long(1)[B], 10)
+            assert isinstance(late, ExchangeFailure) and late.reason == "deadline"
+            await a.open_round(2, _theta(A), {B: _address(s, B)})
+            await a.exchange_round(2, 1.0, long={B: 60.0})
+            flight = a.take_long(2)[B]
+            await a.stop(0.5)
+            assert isinstance(await asyncio.wait_for(flight, 10), ExchangeFailure)
+
+    asyncio.run(main())

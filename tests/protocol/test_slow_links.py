@@ -1,0 +1,93 @@
+"""A link too slow for a round: a smaller codec, then a long exchange and sitting out.
+
+Both ends of a link decide from the same published records, so they pick the same codec
+and agree that an exchange is long; only the peer whose *own* link is too slow sits out,
+and every peer leaves it out of the pairings until the round it announced.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gaslocd.config import AlgoConfig
+from gaslocd.protocol.linkcodec import codec_ladder, transfer_s
+from gaslocd.protocol.plan import LinkEstimates, plan_links, plan_this_round
+from tests.protocol.records import record
+
+NUMEL = 10_000_000  # fp16: 20 MB
+LADDER = codec_ladder("fp16", ("fp32", "fp16", "bf16", "int8", "q4"))
+IDS = ("a", "b", "c", "d")
+
+
+def _plan(me: str, records: list, overlap: bool = True, round_: int = 5):  # type: ignore[no-untyped-def]
+    algo = AlgoConfig(topology="1peer", inner_steps=10, adapt_h=True, overlap=overlap)
+    links = LinkEstimates()
+    links.record_step_time(0.5)  # T = 10 × 0.5 s = 5 s
+    return plan_this_round(
+        algo, "run", me, round_, records, links, 2 * NUMEL, None, ladder=LADDER, numel=NUMEL
+    )
+
+
+def test_a_fast_link_keeps_the_best_codec_and_a_slower_one_steps_down() -> None:
+    fast = plan_links(
+        5, record("a", bandwidth=1e9), [record("b", bandwidth=1e9)], LADDER, NUMEL, 5.0, True
+    )
+    assert fast.codecs == {"b": "fp16"} and not fast.long and fast.free_from == 0
+    # 20 MB of fp16 at 3 MB/s is 6.7 s > 5 s; int8 (10 MB) takes 3.4 s.
+    slower = plan_links(
+        5, record("a", bandwidth=1e9), [record("b", bandwidth=3e6)], LADDER, NUMEL, 5.0, True
+    )
+    assert slower.codecs == {"b": "int8"} and not slower.long
+
+
+def test_a_link_no_codec_can_carry_in_a_round_is_long_and_only_its_slow_end_sits_out() -> None:
+    # 0.5 MB/s: q4 (5.6 MB) takes 11.3 s against a 5 s round: 3 rounds.
+    slow, fast = record("s", bandwidth=5e5), record("f", bandwidth=1e9)
+    k = math.ceil(transfer_s("q4", NUMEL, 5e5) / 5.0)
+    on_slow = plan_links(7, slow, [fast], LADDER, NUMEL, 5.0, True)
+    on_fast = plan_links(7, fast, [slow], LADDER, NUMEL, 5.0, True)
+    assert on_slow.codecs == {"f": "q4"} and on_fast.codecs == {"s": "q4"}
+    assert on_slow.long == {"f": k} and on_fast.long == {"s": k} and k == 3
+    assert on_slow.free_from == 7 + k  # its own link is the slow one: it sits out
+    assert on_fast.free_from == 0  # its partner's link was: it stays in the pairings
+    # Without overlap nothing runs across rounds: the strongest codec, and no sit-out.
+    sequential = plan_links(7, slow, [fast], LADDER, NUMEL, 5.0, False)
+    assert sequential.codecs == {"f": "q4"} and not sequential.long and sequential.free_from == 0
+
+
+def test_an_unmeasured_link_keeps_the_best_codec() -> None:
+    links = plan_links(
+        0, record("a", bandwidth=0.0), [record("b", bandwidth=0.0)], LADDER, NUMEL, 5.0, True
+    )
+    assert links.codecs == {"b": "fp16"} and not links.long
+
+
+def test_every_peer_leaves_a_sitting_out_peer_out_of_the_pairings_until_it_is_free() -> None:
+    records = [record(p, 5, bandwidth=1e9) for p in IDS[1:]] + [
+        record("a", 5, bandwidth=5e5, free_from=8)
+    ]
+    for me in IDS[1:]:
+        setup = _plan(me, records)
+        assert setup.plan is not None and "a" not in setup.plan.roster and "a" not in setup.partners
+    # The same roster for all: the same pairing of b, c, d.
+    assert len({tuple(sorted(_plan(p, records).plan.edges())) for p in IDS[1:]}) == 1  # type: ignore[union-attr]
+    alone = _plan("a", records)
+    assert alone.plan is None and not alone.partners and alone.mixing_row("a") == {"a": 1.0}
+    back = _plan("b", records, round_=8)
+    assert back.plan is not None and "a" in back.plan.roster
+
+
+def test_codec_choice_is_off_without_a_ladder() -> None:
+    records = [record(p, 5, bandwidth=5e5) for p in IDS]
+    algo = AlgoConfig(topology="1peer", inner_steps=10, overlap=True)
+    links = LinkEstimates()
+    links.record_step_time(0.5)
+    setup = plan_this_round(algo, "run", "a", 5, records, links, 2 * NUMEL, None)
+    assert setup.codecs == {} and setup.long == {} and setup.free_from == 0
+
+
+def test_a_peer_publishes_its_fastest_measured_link_not_a_slow_partners() -> None:
+    links = LinkEstimates()
+    links.record_transfer("slow", 10.0, 1_000_000)
+    links.record_transfer("fast", 0.1, 1_000_000)
+    assert links.own_bandwidth() == 1e7
