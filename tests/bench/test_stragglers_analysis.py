@@ -1,0 +1,45 @@
+"""The simulator straggler benchmark's arithmetic (bench/stragglers.py): its table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import stragglers
+
+
+def test_time_to_a_target_interpolates_between_evaluations() -> None:
+    points = [(0.0, 5.0), (10.0, 3.0), (20.0, 2.0)]
+    assert stragglers.time_to(points, 4.0) == pytest.approx(5.0)
+    assert stragglers.time_to(points, 5.0) == 0.0
+    assert stragglers.time_to(points, 1.0) is None
+
+
+def test_compute_shares_split_stragglers_from_the_others() -> None:
+    summary = {"compute_fraction_per_worker": [0.3, 0.5, 0.97, 0.99, 0.95]}
+    assert stragglers.compute_shares(summary, 2) == (0.95, 0.3)
+    assert stragglers.compute_shares(summary, 0) == (0.3, None)
+
+
+def test_verdicts_and_ratios() -> None:
+    assert stragglers.ratio(3.0, 6.0) == 0.5 and stragglers.ratio(None, 6.0) is None
+    assert stragglers.verdict(0.5, 0.6) == "met" and stragglers.verdict(0.7, 0.6) == "MISSED"
+    assert stragglers.verdict(0.95, 0.9, below=False) == "met"
+    assert stragglers.verdict(None, 0.6) == "not reached"
+
+
+def test_every_run_is_a_simulate_command_with_its_stragglers() -> None:
+    grid = stragglers.Grid(
+        workers=8, rounds=40, inner_steps=10, eval_every=4, topology="1peer", seed=0
+    )
+    runs = {r.name: r for r in stragglers.runs()}
+    argv = runs["gasloc-3x+10x"].argv(grid, 500_000)
+    assert argv[0] == "simulate" and "--overlap" in argv and "--adapt-codec" in argv
+    # fp16 transfer of a straggler = FAST_SHARE × T / fraction = ratio × T
+    fractions = [float(argv[i + 1].split(":")[1]) for i, a in enumerate(argv) if a == "--straggler"]
+    assert fractions == pytest.approx([stragglers.FAST_SHARE / 3, stragglers.FAST_SHARE / 10])
+    diloco = runs["diloco-10x"].argv(grid, 500_000)
+    assert "--overlap" not in diloco and diloco[diloco.index("--topology") + 1] == "complete"
