@@ -1,0 +1,361 @@
+"""Stragglers whose link cannot carry the model within a round, in the simulator (issue 13).
+
+    .venv/bin/python bench/stragglers.py              # the committed grid, ~25 min on 2 cores
+    .venv/bin/python bench/stragglers.py --quick      # a smoke check, a few minutes
+    .venv/bin/python bench/stragglers.py --report-only
+
+Every run is ``gaslocd simulate``'s own round (the daemon's protocol on a simulated clock)
+with a fixed step time, so the clock does not depend on this machine's load and a run is
+reproducible from its seed. The network: ``--workers`` peers whose fp16 exchange takes a
+fifth of the round time T = H × step time, and stragglers whose link is slower by a factor
+that makes their fp16 transfer 1×, 3× or 10× T (one straggler), or 3× and 10× (two).
+
+Per scenario it compares GASLoC as a daemon runs it with ``--overlap`` (adaptive H, a codec
+per link, long exchanges and sitting out) with DiLoCo (a barrier all-reduce every round,
+the reference) and with the same GASLoC without any straggler, and reports the issue's
+targets: time to DiLoCo's final loss (≤ 0.6× DiLoCo's time), cost against no straggler
+(≤ 1.15×), every non-straggler's compute share (≥ 90 %). With no straggler, it measures
+what overlap and each codec cost at equal tokens (≤ 0.01 final loss). Writes
+``bench/results/stragglers.md``, PNG plots and the runs' JSON (``stragglers/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+STEP_S = 0.5  # the simulated inner step
+FAST_SHARE = 0.2  # a normal link moves fp16 θ̃ in this share of T
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    algo: str  # gasloc | diloco
+    slow: tuple[float, ...] = ()  # per straggler: its fp16 transfer in units of T
+    overlap: bool = True
+    adapt_codec: bool = True
+    codec: str = "fp16"
+    adapt_h: bool = True
+
+    def argv(self, g: Grid, message_bytes: int) -> list[str]:
+        """The ``gaslocd simulate`` command line of this run."""
+        t = g.inner_steps * STEP_S
+        nominal_mbps = message_bytes * 8 / 1e6 / (FAST_SHARE * t)
+        argv = [
+            "simulate", "--workers", str(g.workers), "--rounds", str(g.rounds),
+            "--inner-steps", str(g.inner_steps), "--step-time", str(STEP_S),
+            "--bandwidth", f"{nominal_mbps:.6g}", "--latency", "20", "--codec", self.codec,
+            "--eval-every", str(g.eval_every), "--seed", str(g.seed), "--run-id", "stragglers",
+            "--topology", "complete" if self.algo == "diloco" else g.topology,
+        ]  # fmt: skip
+        if self.algo == "diloco":
+            argv += ["--algo", "diloco"]
+        else:
+            argv += ["--adapt-h"] if self.adapt_h else []
+            argv += ["--overlap"] if self.overlap else []
+            argv += ["--adapt-codec"] if self.adapt_codec else []
+        for k, ratio in enumerate(self.slow):  # fp16 transfer = ratio × T
+            argv += ["--straggler", f"{k}:{FAST_SHARE / ratio:.6g}"]
+        return argv
+
+
+@dataclass(frozen=True)
+class Grid:
+    workers: int
+    rounds: int
+    inner_steps: int
+    eval_every: int
+    topology: str
+    seed: int
+
+
+SCENARIOS: dict[str, tuple[float, ...]] = {
+    "1x": (1.0,),
+    "3x": (3.0,),
+    "10x": (10.0,),
+    "3x+10x": (3.0, 10.0),
+}
+
+
+def runs() -> list[Run]:
+    out = [
+        Run("gasloc-none", "gasloc"),
+        Run("diloco-none", "diloco"),
+        # equal tokens, no straggler: what overlap and each codec cost
+        Run("sequential-fp16", "gasloc", overlap=False, adapt_codec=False),
+        Run("overlap-fp16", "gasloc", adapt_codec=False),
+        Run("sequential-int8", "gasloc", overlap=False, adapt_codec=False, codec="int8"),
+        Run("sequential-q4", "gasloc", overlap=False, adapt_codec=False, codec="q4"),
+    ]
+    for tag, slow in SCENARIOS.items():
+        out += [
+            Run(f"gasloc-{tag}", "gasloc", slow),
+            Run(f"gasloc-sequential-{tag}", "gasloc", slow, overlap=False, adapt_codec=False),
+            Run(f"diloco-{tag}", "diloco", slow),
+        ]
+    return out
+
+
+def _simulate(argv: list[str], out: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "gaslocd", *argv, "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{shlex.join(argv)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
+    return dict(json.loads(out.read_text()))
+
+
+def message_bytes_fp16(model: str) -> int:
+    """fp16 bytes of the model's θ̃ (what a normal link must carry in a fifth of T)."""
+    from gaslocd.train.model import build_model
+
+    numel = sum(
+        p.numel() for p in build_model(model, vocab_size=256, seq_len=128, seed=0).parameters()
+    )
+    return 2 * numel
+
+
+# -- analysis: pure functions of the summaries (tested in tests/bench) -----------------------
+
+
+def curve(summary: dict[str, Any]) -> list[tuple[float, float]]:
+    """(simulated seconds, mean validation loss) per evaluated round."""
+    return [(p["wall_clock_s"], p["val_loss"]) for p in summary["val_loss_curve"]]
+
+
+def time_to(points: Sequence[tuple[float, float]], target: float) -> float | None:
+    """First time at or below ``target``, linearly interpolated between evaluations."""
+    prev: tuple[float, float] | None = None
+    for t, loss in points:
+        if loss <= target:
+            if prev is None or prev[1] == loss:
+                return t
+            t0, l0 = prev
+            return t0 + (t - t0) * (l0 - target) / (l0 - loss)
+        prev = (t, loss)
+    return None
+
+
+def compute_shares(summary: dict[str, Any], slow: int) -> tuple[float, float | None]:
+    """(lowest compute share among non-stragglers, the lowest straggler share or None).
+    The simulator's peers are w000.. and the stragglers are the first ``slow`` of them."""
+    shares = summary["compute_fraction_per_worker"]
+    others = shares[slow:]
+    return min(others), (min(shares[:slow]) if slow else None)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b not in (None, 0) else None
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def verdict(value: float | None, limit: float, below: bool = True) -> str:
+    if value is None:
+        return "not reached"
+    ok = value <= limit if below else value >= limit
+    return "met" if ok else "MISSED"
+
+
+def analyse(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per straggler scenario with the issue's three targets."""
+    rows = []
+    base = results["gasloc-none"]
+    for tag, slow in SCENARIOS.items():
+        g, d = results[f"gasloc-{tag}"], results[f"diloco-{tag}"]
+        seq = results[f"gasloc-sequential-{tag}"]
+        target = d["final_val_loss"]
+        t_g, t_d = time_to(curve(g), target), time_to(curve(d), target)
+        common = max(g["final_val_loss"], base["final_val_loss"])
+        t_gc, t_base = time_to(curve(g), common), time_to(curve(base), common)
+        others, straggler = compute_shares(g, len(slow))
+        rows.append(
+            {
+                "scenario": tag,
+                "diloco_final": target,
+                "gasloc_final": g["final_val_loss"],
+                "t_gasloc": t_g,
+                "t_diloco": t_d,
+                "vs_diloco": ratio(t_g, t_d),
+                "t_sequential": time_to(curve(seq), target),
+                "vs_no_straggler": ratio(t_gc, t_base),
+                "others_compute": others,
+                "straggler_compute": straggler,
+                "sequential_others_compute": compute_shares(seq, len(slow))[0],
+                "bytes_max": max(g["bytes_sent_per_worker"]),
+            }
+        )
+    return rows
+
+
+def equal_tokens(results: dict[str, dict[str, Any]]) -> list[tuple[str, float, float]]:
+    """(run, final loss, its difference from sequential fp16) at equal tokens, no straggler."""
+    ref = results["sequential-fp16"]["final_val_loss"]
+    names = ("overlap-fp16", "gasloc-none", "sequential-int8", "sequential-q4")
+    return [(n, results[n]["final_val_loss"], results[n]["final_val_loss"] - ref) for n in names]
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+def write_report(results: dict[str, dict[str, Any]], meta: dict[str, Any], out: Path) -> str:
+    rows = analyse(results)
+    lines = [
+        "# Stragglers whose link cannot carry a model within a round (simulator)",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Machine: {meta['machine']}; date: {meta['date']}; gaslocd {meta['version']}.  ",
+        f"Grid: {meta['grid']}. T = H × {STEP_S} s (a fixed simulated step); a normal link "
+        f"moves fp16 θ̃ in {FAST_SHARE:.0%} of T; a straggler's fp16 transfer is the "
+        "scenario's multiple of T. GASLoC: 1-peer gossip, adaptive H, `--overlap`, a codec "
+        "per link (fp16 → int8 → q4), long exchanges and sitting out. DiLoCo: the barrier "
+        "all-reduce every round. Times are simulated seconds (the simulator runs the "
+        "daemon's round, gaslocd/sim).",
+        "",
+        "| scenario | DiLoCo final | GASLoC final | GASLoC time to DiLoCo's final "
+        "| ÷ DiLoCo's (≤ 0.6) | without overlap etc. | ÷ no straggler (≤ 1.15) "
+        "| non-straggler compute (≥ 90 %) "
+        "| straggler compute | sequential non-straggler compute |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['scenario']} | {r['diloco_final']:.4f} | {r['gasloc_final']:.4f} "
+            f"| {_fmt(r['t_gasloc'], '.0f')} s | {_fmt(r['vs_diloco'])} "
+            f"({verdict(r['vs_diloco'], 0.6)}) | {_fmt(r['t_sequential'], '.0f')} s "
+            f"| {_fmt(r['vs_no_straggler'])} ({verdict(r['vs_no_straggler'], 1.15)}) "
+            f"| {r['others_compute']:.1%} ({verdict(r['others_compute'], 0.9, below=False)}) "
+            f"| {_fmt(r['straggler_compute'], '.1%')} | {r['sequential_others_compute']:.1%} |"
+        )
+    lines += [
+        "",
+        "At equal tokens with no straggler (final validation loss, and its difference from "
+        "sequential fp16 gossip; target for overlap + per-link codec: ≤ 0.01):",
+        "",
+        "| run | final loss | Δ vs sequential fp16 |",
+        "|---|---|---|",
+    ]
+    for name, final, delta in equal_tokens(results):
+        lines.append(f"| {name} | {final:.4f} | {delta:+.4f} |")
+    lines += ["", "Every run's command line:", ""]
+    lines += [f"- {name}: `gaslocd {shlex.join(r['argv'])}`" for name, r in sorted(results.items())]
+    text = "\n".join(lines) + "\n"
+    (out / "stragglers.md").write_text(text)
+    _plots(results, rows, out)
+    return text
+
+
+def _plots(results: dict[str, dict[str, Any]], rows: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(4.5 * len(SCENARIOS), 3.6), sharey=True)
+    for ax, tag in zip(axes, SCENARIOS, strict=True):
+        for name, style in (
+            (f"gasloc-{tag}", "-"),
+            (f"gasloc-sequential-{tag}", ":"),
+            (f"diloco-{tag}", "--"),
+            ("gasloc-none", "-."),
+        ):
+            xs, ys = zip(*curve(results[name]), strict=True)
+            ax.plot(xs, ys, style, label=name.replace(f"-{tag}", ""))
+        ax.set_title(f"straggler fp16 transfer {tag} T")
+        ax.set_xlabel("simulated seconds")
+        ax.set_xscale("log")
+    axes[0].set_ylabel("validation loss")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "stragglers_loss.png", dpi=120)
+    plt.close(fig)
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for k, tag in enumerate(SCENARIOS):
+        for offset, prefix in ((-0.2, "gasloc"), (0.2, "gasloc-sequential")):
+            shares = results[f"{prefix}-{tag}"]["compute_fraction_per_worker"]
+            a1.scatter([k + offset] * len(shares), shares, s=12, label=prefix if k == 0 else None)
+        sent = results[f"gasloc-{tag}"]["bytes_sent_per_worker"]
+        a2.bar([f"{tag} w{i}" for i in range(len(sent))], [b / 2**20 for b in sent])
+    a1.set_xticks(range(len(SCENARIOS)), list(SCENARIOS))
+    a1.set_ylabel("compute share per host")
+    a1.axhline(0.9, color="grey", lw=0.5)
+    a1.legend(fontsize=7)
+    a2.set_ylabel("MiB sent (GASLoC)")
+    a2.tick_params(axis="x", labelrotation=90, labelsize=5)
+    fig.tight_layout()
+    fig.savefig(out / "stragglers_hosts.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="4 workers, 8 rounds, a scratch folder")
+    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    grid = (
+        Grid(workers=4, rounds=8, inner_steps=10, eval_every=4, topology="1peer", seed=0)
+        if args.quick
+        else Grid(workers=8, rounds=40, inner_steps=10, eval_every=4, topology="1peer", seed=0)
+    )
+    out = args.out or (Path("/tmp/gaslocd-stragglers-quick") if args.quick else RESULTS)
+    data = out / "stragglers"
+    data.mkdir(parents=True, exist_ok=True)
+    meta_path = data / "meta.json"
+    if not args.report_only:
+        message = message_bytes_fp16("tiny")
+        todo = {r.name: r.argv(grid, message) for r in runs()}
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {n: pool.submit(_simulate, a, data / f"{n}.json") for n, a in todo.items()}
+            for name, fut in futures.items():
+                fut.result()
+                print(f"done {name}", flush=True)
+        from gaslocd import __version__
+
+        meta = {
+            "command": shlex.join([sys.executable, *sys.argv]).replace(str(ROOT) + "/", ""),
+            "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
+            f"{_cores()} cores, Python {platform.python_version()}",
+            "date": datetime.date.today().isoformat(),
+            "version": __version__,
+            "grid": f"{grid.workers} workers, {grid.rounds} rounds, H={grid.inner_steps}, "
+            f"model tiny, {grid.topology}, seed {grid.seed}",
+            "argv": todo,
+        }
+        meta_path.write_text(json.dumps(meta, indent=1))
+    meta = json.loads(meta_path.read_text())
+    results = {}
+    for name, argv_ in meta["argv"].items():
+        results[name] = {**json.loads((data / f"{name}.json").read_text()), "argv": argv_}
+    print(write_report(results, meta, out))
+    return 0
+
+
+def _cores() -> int:
+    import os
+
+    return os.cpu_count() or 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
