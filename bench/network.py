@@ -33,6 +33,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import signal
 import subprocess
@@ -195,32 +196,79 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> dict[str
     slow = n - 1  # the straggler is never the bootstrap peer
     if sc.straggler:
         rates[slow] = args.rate_mbit * sc.straggler
+    flags = ["--algo", sc.algo]
+    if not sc.adapt or sc.algo == "diloco":  # DiLoCo as published: the same H everywhere
+        flags.append("--no-adapt-h")
+    fleet = Fleet(
+        name=sc.name,
+        rates=rates,
+        slow=frozenset({slow} if sc.straggler else ()),
+        flags=flags,
+        duration_s=args.durations.get(sc.name, args.duration),
+    )
+    result = run_fleet(fleet, args, work)
+    return {
+        "scenario": sc.name,
+        "label": sc.label,
+        "algo": sc.algo,
+        "straggler": sc.straggler,
+        "adapt": sc.adapt,
+        **result,
+    }
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What one run of daemons needs beyond the shared settings (``args``): its name (the
+    run id), each host's link rate (Mbit/s), which hosts are stragglers, its own daemon
+    flags (``--algo`` ...) and its training time. ``metrics_port``: each daemon serves
+    ``/metrics`` there, read at both ends of the measured window; ``env`` is added to the
+    daemons' environment and ``cwd`` is where they start (a frozen copy of the code)."""
+
+    name: str
+    rates: list[float | None]
+    slow: frozenset[int]
+    flags: list[str]
+    duration_s: float
+    metrics_port: int | None = None
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+
+
+def run_fleet(fleet: Fleet, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Start one daemon per namespace, train for ``fleet.duration_s`` once all have begun
+    rounds, stop them (SIGTERM: each writes its JSON summary); per host its time account,
+    link bytes, evaluations and H, and the network-mean loss curve."""
+    n = len(fleet.rates)
     work.mkdir(parents=True, exist_ok=True)
     common = [
-        "--run-id", f"netbench-{sc.name}", "--token", "netbench", "--model", args.model,
+        "--run-id", f"netbench-{fleet.name}", "--token", "netbench", "--model", args.model,
         "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size),
         "--inner-steps", str(args.inner_steps), "--eval-every", str(args.eval_every),
         "--eval-batches", str(args.eval_batches), "--codec", args.codec,
         "--min-peers", str(n), "--heartbeat", "1", "--record-ttl", "8", "--port", "0",
-        "--threads", "1", "--algo", sc.algo,
+        "--threads", "1", *fleet.flags,
     ]  # fmt: skip
-    if not sc.adapt or sc.algo == "diloco":  # DiLoCo as published: the same H everywhere
-        common.append("--no-adapt-h")
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(fleet.env or {})}
+    scraped: list[list[str | None]] = [[], []]  # /metrics of each host at t0, t1
+    killed: list[int] = []  # hosts that needed SIGKILL after SIGTERM
 
     def launch(lab: netns.NetLab, i: int, role: list[str]) -> None:
         log = open(work / f"host{i}.log", "wb")  # noqa: SIM115 (closed below)
         logs.append(log)
         argv = [sys.executable, "-m", "gaslocd", "--log-level", "WARNING", *role, *common]
         argv += ["--host", lab.address(i), "--json", str(work / f"host{i}.json")]
+        if fleet.metrics_port is not None:
+            argv += ["--metrics-port", str(fleet.metrics_port), "--metrics-host", lab.address(i)]
         procs.append(
             subprocess.Popen(
                 lab.exec_argv(i, argv),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
+                cwd=fleet.cwd,
                 start_new_session=True,
             )
         )
@@ -228,7 +276,12 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> dict[str
     def started_rounds() -> bool:
         return all(b"round " in (work / f"host{i}.log").read_bytes() for i in range(n))
 
-    with netns.NetLab(n, rate_mbit=rates) as lab:
+    def scrape(lab: netns.NetLab) -> list[str | None]:
+        if fleet.metrics_port is None:
+            return [None] * n
+        return [_scrape(lab, i, fleet.metrics_port) for i in range(n)]
+
+    with netns.NetLab(n, rate_mbit=fleet.rates, lab=free_lab(_namespaces())) as lab:
         try:
             address_file = work / "bootstrap.txt"
             address_file.unlink(missing_ok=True)
@@ -240,19 +293,22 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> dict[str
             _wait_until("first rounds", started_rounds, 300, procs)
             t0 = time.time()
             before = [_counters(lab, i) for i in range(n)]
-            end = time.monotonic() + args.durations.get(sc.name, args.duration)
+            scraped[0] = scrape(lab)
+            end = time.monotonic() + fleet.duration_s
             while time.monotonic() < end:  # the measurement itself: a fixed training time
                 if any(p.poll() is not None for p in procs):
                     raise RuntimeError(f"a daemon exited early; see {work}/host*.log")
                 time.sleep(min(1.0, max(0.0, end - time.monotonic())))
             t1 = time.time()
             after = [_counters(lab, i) for i in range(n)]
+            scraped[1] = scrape(lab)
             for p in procs:
                 os.killpg(p.pid, signal.SIGTERM)
-            for p in procs:
+            for i, p in enumerate(procs):
                 try:
                     p.wait(timeout=120)
-                except subprocess.TimeoutExpired:
+                except subprocess.TimeoutExpired:  # a hang at exit: a finding, kept
+                    killed.append(i)
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait(timeout=30)
         finally:
@@ -271,30 +327,57 @@ def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> dict[str
             for r in rounds
             if r["val_loss"] is not None and r["unix_time"] <= t1
         ]
-        hosts.append(
-            {
-                "host": i,
-                "straggler": bool(sc.straggler) and i == slow,
-                "rate_mbit": rates[i],
-                **host_fractions(rounds, t0, t1),
-                "sent_bytes": after[i][0] - before[i][0],
-                "received_bytes": after[i][1] - before[i][1],
-                "evals": evals,
-                "h": [r["inner_steps"] for r in rounds if t0 <= r["unix_time"] <= t1],
-                "refused": sum(summary["wire"].get("rejected", {}).values()),
-                "failures": sum(summary["wire"].get("failures", {}).values()),
-            }
-        )
+        host = {
+            "host": i,
+            "straggler": i in fleet.slow,
+            "rate_mbit": fleet.rates[i],
+            **host_fractions(rounds, t0, t1),
+            "sent_bytes": after[i][0] - before[i][0],
+            "received_bytes": after[i][1] - before[i][1],
+            "evals": evals,
+            "h": [r["inner_steps"] for r in rounds if t0 <= r["unix_time"] <= t1],
+            "refused": sum(summary["wire"].get("rejected", {}).values()),
+            "failures": sum(summary["wire"].get("failures", {}).values()),
+        }
+        if fleet.metrics_port is not None:
+            host["metrics"] = [scraped[0][i], scraped[1][i]]
+        hosts.append(host)
     return {
-        "scenario": sc.name,
-        "label": sc.label,
-        "algo": sc.algo,
-        "straggler": sc.straggler,
-        "adapt": sc.adapt,
         "duration_s": t1 - t0,
+        "t0": t0,
+        "t1": t1,
+        "killed": killed,
         "hosts": hosts,
         "curve": mean_loss_curve([h["evals"] for h in hosts]),
     }
+
+
+def free_lab(names: Sequence[str], first: int = os.getpid() % 200 + 1) -> int:
+    """A lab number (1..200) no namespace in ``names`` uses, from ``first`` on: another
+    bench or test may hold a lab on this machine, and a NetLab clears its names first."""
+    taken = {m.group(1) for x in names if (m := re.match(rf"{netns.PREFIX}(\d+)(hub|n\d+)$", x))}
+    for k in range(200):
+        lab = (first - 1 + k) % 200 + 1
+        if str(lab) not in taken:
+            return lab
+    raise RuntimeError("every lab number is taken")
+
+
+def _namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+
+
+def _scrape(lab: netns.NetLab, i: int, port: int) -> str | None:
+    """Host ``i``'s ``/metrics`` text, read from inside its namespace (None: unreachable)."""
+    url = f"http://{lab.address(i)}:{port}/metrics"
+    out = subprocess.run(
+        lab.exec_argv(i, ["curl", "-s", "--max-time", "10", url]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return out.stdout if out.returncode == 0 else None
 
 
 # -- report -----------------------------------------------------------------------------------

@@ -140,3 +140,10 @@ def test_scenarios_pair_each_straggler_run_with_its_diloco_and_no_straggler_runs
     names = [s.name for s in network.scenarios([0.1])]
     assert names == ["gasloc-none", "diloco-none", "gasloc-10", "gasloc-fixedh-10", "diloco-10"]
     assert network.scenarios([0.2])[2].label == "GASLoC 1-peer, adaptive H, 20% straggler"
+
+
+def test_a_run_takes_a_lab_number_no_other_namespace_holds() -> None:
+    names = ["gl5hub", "gl5n0", "gl6hub", "other", "gl7n0"]
+    assert network.free_lab(names, first=5) == 8  # a leaf alone holds its lab too
+    assert network.free_lab([], first=200) == 200
+    assert network.free_lab(["gl200hub"], first=200) == 1
