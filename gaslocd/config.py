@@ -280,7 +280,7 @@ class WireConfig:
     round_lead: int = 1  # a caller may be this many rounds ahead of us and still wait
     pipeline_chunks: int = 3  # chunks encoded / decoded ahead of the socket, per stream
     keepalive_time_s: float = 20.0
-    keepalive_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 60.0  # a slow uplink's queue delays a ping's reply by seconds
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None

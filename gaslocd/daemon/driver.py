@@ -26,12 +26,19 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def _own_record_fresh(records: list[PeerRecord], me: str, free_from: int) -> list[PeerRecord]:
-    """The roster with our own sit-out as we know it (the DHT may still show an older
-    record of ours, and the pairing must leave us out exactly when the others do)."""
-    return [
-        replace(r, free_from=max(r.free_from, free_from)) if r.peer_id == me else r for r in records
-    ]
+def _own_record_fresh(
+    records: list[PeerRecord], me: str, free_from: int, rate: float
+) -> list[PeerRecord]:
+    """The roster with our own sit-out and link rate as we know them now (the DHT may
+    still show an older record of ours: a sit-out must leave us out of the pairing when
+    the others do, and our link's rate is ours to know first)."""
+    out = []
+    for r in records:
+        if r.peer_id == me:
+            rate = rate or r.bandwidth_bytes_per_s
+            r = replace(r, free_from=max(r.free_from, free_from), bandwidth_bytes_per_s=rate)
+        out.append(r)
+    return out
 
 
 def _roster(setup: RoundSetup, me: str) -> tuple[str, ...]:
@@ -51,6 +58,7 @@ class RoundDriver:
         # The codecs a slow link may step down to (gaslocd.protocol.linkcodec).
         adapt = rt.algo.adapt_codec and isinstance(mixer, GossipMixer)
         self.ladder = codec_ladder(rt.cfg.codec, rt.wire.codecs) if adapt else ()
+        self.long_landed = 0  # long exchanges mixed this round
 
     async def run_round(self) -> None:
         rt = self.rt
@@ -67,7 +75,7 @@ class RoundDriver:
             rt.cfg.run_id,
             rt.me,
             t,
-            _own_record_fresh(records, rt.me, rt.free_from),
+            _own_record_fresh(records, rt.me, rt.free_from, rt.links.own_bandwidth()),
             rt.links,
             rt.message_bytes,
             rt.cfg.exchange_deadline_s,
@@ -104,7 +112,9 @@ class RoundDriver:
             rollbacks=dict(rt.state.rollbacks),
             mixed=mixed.setup,
             overlapped=self.overlapped,
+            long_landed=self.long_landed,
         )
+        self.long_landed = 0
         rt.progress(rt.telemetry.finish_round(outcome, rt.links, rt.state.round))
 
     @property
@@ -148,7 +158,7 @@ class RoundDriver:
         ended meanwhile are mixed first."""
         rt = self.rt
         assert isinstance(self.mixer, GossipMixer)
-        await self.mixer.land_long()
+        self.long_landed = await self.mixer.land_long()
         landed = await self.mixer.land()
         await self.mixer.send(setup)
         last = bool(rt.cfg.max_rounds) and rt.state.round >= rt.cfg.max_rounds

@@ -202,6 +202,8 @@ class Daemon:
             AllReduceMixer(rt, self.allreduce) if self.allreduce is not None else GossipMixer(rt)
         )
         self.membership = Membership(rt)
+        if isinstance(mixer, GossipMixer):
+            mixer.roster = self.membership.roster
         self.driver = RoundDriver(rt, self.membership, mixer, self._checkpoint)
         return rt
 

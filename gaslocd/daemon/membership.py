@@ -19,6 +19,7 @@ from gaslocd.algorithm.robust import distance, norm_of
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.net.discovery import DiscoveryError
 from gaslocd.net.state import PeerState
+from gaslocd.protocol.plan import STATE_FETCH
 from gaslocd.protocol.policy import (
     CATCH_UP_ROUNDS,
     resync_sources,
@@ -215,7 +216,7 @@ class Membership:
             return None
         # The first measure of our link (two float32 models): a newcomer's first codec
         # per link is then sized to it, not guessed (gaslocd.protocol.plan.plan_links).
-        rt.links.record_transfer(record.peer_id, rt.clock() - began, 8 * rt.state.numel)
+        rt.links.record_transfer(STATE_FETCH, rt.clock() - began, 8 * rt.state.numel)
         theta, momentum = state.tensors["theta"], state.tensors["outer_momentum"]
         norms = await rt.thread.call(lambda: (norm_of(theta), norm_of(momentum)))
         refusal = state_refusal(record, state.round, *norms)

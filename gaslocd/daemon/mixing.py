@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
@@ -22,8 +22,10 @@ from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
 from gaslocd.net.codecs import FeedbackBank
 from gaslocd.net.rendezvous import ExchangeResult, Outcome
 from gaslocd.protocol.account import split_exchange
+from gaslocd.protocol.linkcodec import message_bytes
 from gaslocd.protocol.plan import RoundSetup
 from gaslocd.protocol.policy import counted_exchanges, mixing_row
+from gaslocd.protocol.records import PeerRecord
 from gaslocd.train.device import on_host
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,8 @@ class GossipMixer:
         self._buffers: list[torch.Tensor] = []
         self.in_flight: InFlight | None = None
         self.long: list[LongFlight] = []  # long exchanges on the wire
+        # The run's current records (set by the lifecycle): who announced a sit-out.
+        self.roster: Callable[[], Awaitable[list[PeerRecord]]] | None = None
 
     async def mix(self, setup: RoundSetup) -> MixResult:
         rt = self.rt
@@ -105,10 +109,10 @@ class GossipMixer:
     async def send(self, setup: RoundSetup) -> None:
         """Overlap: hold this round's θ̃ and exchange it while the next round trains."""
         rt = self.rt
-        tilde = await rt.thread.call(rt.state.hold_tilde)
+        tilde = await rt.thread.call(rt.state.hold_tilde, rt.algo.outer)
         task = None
         if setup.partners and setup.plan is not None:
-            if setup.long:  # our θ̃ of this round is needed when they land
+            for _ in setup.long:  # our θ̃ of this round is needed when they land
                 await rt.thread.call(rt.state.keep_for_long, setup.round)
             await self._open(setup, tilde)
             task = self._track(self._exchange(setup))
@@ -124,7 +128,27 @@ class GossipMixer:
         """The round's exchanges; a long one is left on the wire as a :class:`LongFlight`."""
         server = self.rt.server
         long = {p: setup.long_deadline_s(p) for p in setup.long if p in setup.partners}
-        outcomes = await server.exchange_round(setup.round, setup.deadline_s, long)
+
+        async def extend(running: list[str]) -> dict[str, float]:
+            """Partners that announced a sit-out covering this round since we planned it
+            (their link is the slow one): their exchange is long at their end too."""
+            if self.roster is None:
+                return {}
+            records = {r.peer_id: r for r in await self.roster()}
+            sitting = {p: records[p].free_from for p in running if p in records}
+            target = setup.target_round_s or 0.0
+            more = {
+                p: setup.deadline_s + 1.5 * (free - setup.round) * target
+                for p, free in sitting.items()
+                if free > setup.round
+            }
+            for _ in more:  # our θ̃ of that round is needed when it lands
+                await asyncio.to_thread(self.rt.state.keep_for_long, setup.round)
+            if more:  # and its receive buffer stays taken until then
+                self._buffers = []
+            return more
+
+        outcomes = await server.exchange_round(setup.round, setup.deadline_s, long, extend)
         row = setup.mixing_row(self.rt.me)
         for peer, flight in server.take_long(setup.round).items():
             self.rt.tasks.add(flight)
@@ -224,6 +248,10 @@ class GossipMixer:
                     outcome.reason,
                     outcome.detail,
                 )
+                if outcome.reason == "deadline":  # at best this fast: never measured else
+                    codec = setup.codecs.get(peer, rt.cfg.codec)
+                    nbytes = message_bytes(codec, rt.state.numel)
+                    rt.links.record_transfer(peer, setup.deadline_s, nbytes)
                 continue
             received[peer] = outcome.theta
             rt.telemetry.metrics.count(rt.telemetry.metrics.codecs, outcome.codec_sent)

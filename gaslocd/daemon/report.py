@@ -75,6 +75,7 @@ class RunLog:
                 "exchanged": out.exchanged,
                 "roster": list(out.roster),  # sorted: what the pairing was drawn from
                 "mixing_row": dict(out.row),  # this peer's row of W as applied
+                "long_landed": out.long_landed,  # long exchanges of earlier rounds mixed
                 "bytes_sent": stats.bytes_sent,
             }
         )
@@ -87,6 +88,7 @@ class RunLog:
             f"idle {100 * self.idle_fraction():5.1f}%  "
             f"training {100 * acct.training_share():3.0f}%  peers {setup.roster_size}  "
             f"exchanged {out.exchanged}/{len(mixed.partners) if mixed is not None else 0}"
+            + (f"  long +{out.long_landed}" if out.long_landed else "")
         )
 
     def closing_line(self, stats: WireStats) -> str:

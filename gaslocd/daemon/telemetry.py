@@ -35,6 +35,7 @@ class RoundOutcome:
     rollbacks: dict[str, int] | None = None  # the worker's thrown-away rounds so far, by reason
     mixed: RoundSetup | None = None  # the round the row mixed (overlap: the previous one)
     overlapped: bool = False  # then ``mixed`` None: nothing landed (the first round)
+    long_landed: int = 0  # long exchanges (of earlier rounds) mixed this round
 
     @property
     def mixed_setup(self) -> RoundSetup | None:

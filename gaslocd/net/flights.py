@@ -13,7 +13,7 @@ returns, nothing of the round but the long streams is still running.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from gaslocd.net.client import PeerClient
@@ -28,6 +28,8 @@ from gaslocd.net.rendezvous import (
 from gaslocd.net.validation import WireStats
 
 LongFlights = dict[str, "asyncio.Task[Outcome]"]
+Extend = Callable[[list[str]], Awaitable[Mapping[str, float]]]
+"""Partners still streaming at the deadline → those to keep as long (peer → seconds)."""
 
 
 def _count(stats: WireStats, outcome: Outcome) -> Outcome:
@@ -46,10 +48,16 @@ async def exchange_offer(
     deadline_s: float,
     long: Mapping[str, float],
     stats: WireStats,
+    extend: Extend | None = None,
 ) -> tuple[dict[str, Outcome], LongFlights]:
     """Exchange with every partner of ``offer``: the round's outcomes (long partners
     excluded) once all are in or ``deadline_s`` passed, and a task per long partner
-    (``long``: peer → its own deadline in seconds) that ends with its outcome."""
+    (``long``: peer → its own deadline in seconds) that ends with its outcome.
+
+    ``extend`` is asked, at the deadline, about the partners still streaming: those it
+    names become long exchanges too (a partner that announced its link too slow after
+    we planned the round, so that both ends still treat the exchange alike)."""
+    long = dict(long)
     offer.keep = {p for p in long if p in offer.partners}
     dialed = {
         p: asyncio.ensure_future(client.dial(offer, p, long.get(p, deadline_s)))
@@ -64,6 +72,11 @@ async def exchange_offer(
     try:
         if waits:
             await asyncio.wait(waits, timeout=deadline_s)
+        running_late = [p for p, f in futures.items() if p not in offer.keep and not f.done()]
+        if running_late and extend is not None:
+            more = {p: s for p, s in (await extend(running_late)).items() if p in running_late}
+            long.update(more)
+            offer.keep |= set(more)
         done = True
     finally:
         if not done:  # cancelled (a stop): the long streams go too

@@ -40,7 +40,7 @@ from gaslocd.config import WireConfig
 from gaslocd.net.auth import CallAuth, Claim
 from gaslocd.net.client import SERVICE, PeerClient, exchange_header
 from gaslocd.net.codecs import ErrorFeedback, FeedbackBank
-from gaslocd.net.flights import LongFlights, exchange_offer
+from gaslocd.net.flights import Extend, LongFlights, exchange_offer
 from gaslocd.net.frames import frame_refusal
 from gaslocd.net.gate import CallGate, Limits, Method
 from gaslocd.net.proto import peer_pb2 as pb
@@ -214,16 +214,21 @@ class ExchangeServer:
         self.client.learn_addresses(partners)
 
     async def exchange_round(
-        self, round_: int, deadline_s: float, long: Mapping[str, float] | None = None
+        self,
+        round_: int,
+        deadline_s: float,
+        long: Mapping[str, float] | None = None,
+        extend: Extend | None = None,
     ) -> dict[str, Outcome]:
         """Exchange with every partner of the open round ``round_``; see the module doc.
         ``long``: partners whose exchange may outlive the round (peer → its deadline, s);
-        their outcomes come from :meth:`take_long`, not from here."""
+        their outcomes come from :meth:`take_long`, not from here. ``extend``: see
+        :func:`~gaslocd.net.flights.exchange_offer`."""
         board, client = self._board, self._client
         if board is None or client is None or board.offer is None or board.offer.round != round_:
             raise ValueError(f"round {round_} is not open (open_round first)")
         outcomes, flights = await exchange_offer(
-            board, client, self.me.peer_id, board.offer, deadline_s, long or {}, self.stats
+            board, client, self.me.peer_id, board.offer, deadline_s, long or {}, self.stats, extend
         )
         if flights:
             self._long[round_] = flights

@@ -20,6 +20,7 @@ from gaslocd.config import AlgoConfig
 from gaslocd.protocol.linkcodec import choose_codec, transfer_s
 from gaslocd.protocol.records import PeerRecord
 
+STATE_FETCH = "state-fetch"  # the link estimate key of a newcomer's state fetch
 # Before anything is measured, an exchange may take this long.
 FIRST_DEADLINE_S = 60.0
 MIN_DEADLINE_S = 10.0
@@ -59,8 +60,17 @@ class LinkEstimates:
     def own_bandwidth(self) -> float:
         """What this peer publishes as its link's rate (0 before any exchange): the
         fastest exchange measured, not the median, since a slow partner's link says
-        nothing about ours; peers size codecs and sit-outs from it (:func:`plan_links`)."""
+        nothing about ours; peers size each link's codec from it (:func:`plan_links`)."""
         return self.best_rate()
+
+    def known_own_rate(self) -> float:
+        """Our link's rate when we know enough to sit ourselves out on it (0: not yet).
+        One exchange is not enough (a fast peer whose first partner was slow would sit
+        itself out), unless it was a join's state fetch (``STATE_FETCH``: from a typical
+        peer, so a slow result is our own link)."""
+        if len(self.bandwidth) >= 2 or set(self.bandwidth) == {STATE_FETCH}:
+            return self.best_rate()
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,7 @@ def plan_links(
     round_: int,
     me: PeerRecord | None,
     partners: Sequence[PeerRecord],
+    own_rate: float | None,
     ladder: Sequence[str],
     numel: int,
     budget_s: float,
@@ -113,8 +124,9 @@ def plan_links(
     compute when overlapped), from the *published* rates of both ends: both sides read the
     same records, so both classify the link alike. Under overlap a link that not even the
     strongest codec crosses in budget becomes a long exchange of k rounds, mixed when it
-    lands; and when it is *our own* link that is too slow, we sit out of the pairings for
-    those k rounds (``free_from``), so that nobody waits for us meanwhile.
+    lands; and when it is *our own* link that is too slow (``own_rate``: what we know of
+    it, :meth:`LinkEstimates.known_own_rate`; None: our record's), we sit out of the
+    pairings for those k rounds (``free_from``), so that nobody waits for us meanwhile.
     """
     codecs: dict[str, str] = {}
     long: dict[str, int] = {}
@@ -125,7 +137,8 @@ def plan_links(
         codecs[q.peer_id] = choice.codec
         if overlap and not choice.fits and choice.transfer_s is not None:
             long[q.peer_id] = max(2, math.ceil(choice.transfer_s / budget_s))
-    slow = own > 0 and transfer_s(ladder[-1], numel, own) > budget_s
+    mine = own if own_rate is None else own_rate
+    slow = mine > 0 and transfer_s(ladder[-1], numel, mine) > budget_s
     free_from = round_ + max(long.values()) if long and slow else 0
     return LinkPlan(codecs, long, free_from)
 
@@ -196,9 +209,8 @@ def plan_this_round(
     if len(ladder) > 1 and target is not None and partners:
         budget = target - (0.0 if algo.overlap else algo.h_min * (links.step_time_s or 0.0))
         mine = next((r for r in records if r.peer_id == me), None)
-        links_plan = plan_links(
-            round_, mine, [by_id[q] for q in partners], ladder, numel, budget, algo.overlap
-        )
+        ends = (mine, [by_id[q] for q in partners], links.known_own_rate())
+        links_plan = plan_links(round_, *ends, ladder, numel, budget, algo.overlap)
     return RoundSetup(
         round=round_,
         plan=plan,

@@ -201,7 +201,13 @@ class RoundPolicy:
         keeps showing us their last records): pacing against them keeps our round from
         racing ahead, so that after the heal our rounds still meet theirs.
         """
-        others = [r for r in records if r.peer_id != self.me and r.active_from <= r.round]
+        # A peer sitting out (a slow link, free_from > t) is paired with nobody: nobody
+        # waits for it, and its record, sent over that link, may well lag.
+        others = [
+            r
+            for r in records
+            if r.peer_id != self.me and r.active_from <= r.round and r.free_from <= t
+        ]
         moving = any(not self.stale(r) for r in others)
         return [
             r for r in others if r.round < t - MAX_LEAD_ROUNDS and not (moving and self.stale(r))

@@ -139,7 +139,7 @@ class Simulation:
         pseudo-gradient Δ = θ − θ̃ for an all-reduce (encoded as the wire would)."""
         for k, w in enumerate(self.workers):
             if self.schedule.overlap:
-                offer = w.hold_tilde()
+                offer = w.hold_tilde(self.algo.outer)
             else:
                 offer = w.flat.flat if state.group is None else w.theta_start - w.flat.flat
             self.transport.post(state.round, self.roster[k], on_host(offer))

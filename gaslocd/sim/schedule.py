@@ -24,10 +24,11 @@ from gaslocd import __version__
 from gaslocd.config import CODECS, AlgoConfig, DaemonConfig, SimConfig
 from gaslocd.protocol.linkcodec import codec_ladder
 from gaslocd.protocol.linkcodec import message_bytes as codec_bytes
-from gaslocd.protocol.plan import LinkEstimates, RoundSetup, plan_this_round
+from gaslocd.protocol.plan import STATE_FETCH, LinkEstimates, RoundSetup, plan_this_round
 from gaslocd.protocol.policy import RoundPolicy, counted_exchanges, mixing_row, resync_sources
 from gaslocd.protocol.records import PeerRecord
 from gaslocd.sim.clock import (
+    DEADLINE,
     FAULT,
     EdgeTiming,
     SimClock,
@@ -97,7 +98,7 @@ class Schedule:
         for k, peer in enumerate(self.peers):
             state_bytes = 2 * self.message_bytes
             seconds = self.net.latency_s + state_bytes / sim.bandwidth_bytes_per_s(k)
-            peer.links.record_transfer("state-source", seconds, state_bytes)
+            peer.links.record_transfer(STATE_FETCH, seconds, state_bytes)
             peer.links.record_step_time(peer.step_time_s)
 
     def _record(
@@ -386,6 +387,10 @@ class Schedule:
         one_sided = sum(1 for e in state.edges if e.moved and self._refused(state, e))
         if one_sided:
             state.failures["refused"] = one_sided
+        for e in (e for e in state.edges if e.outcome == DEADLINE):  # as the daemon does
+            for me, other in ((e.a, e.b), (e.b, e.a)):
+                nbytes = self.edge_bytes(state.setups[me], ids[other])
+                self.peers[me].links.record_transfer(ids[other], e.end_for(me) - e.start_s, nbytes)
         transfer = {(e.a, e.b): e.transfer_s for e in state.edges}
         for k, peer in enumerate(self.peers):
             counted = counted_exchanges(received[k], refused_ours[k])

@@ -119,9 +119,10 @@ class Worker:
         # Overlap (docs/design.md §1): θ̃ of the round whose exchange is still on the wire,
         # kept unchanged while the next round trains on; None when nothing is in flight.
         self.pending: torch.Tensor | None = None
+        self.pending_base: torch.Tensor | None = None  # θ_t of that round (trust radius)
         # Our θ̃ of rounds whose long exchange (a link too slow for a round) is still on
         # the wire: kept until it lands, for the pairwise mix (see apply_pair_mix).
-        self.long_own: dict[int, torch.Tensor] = {}
+        self.long_own: dict[int, list[torch.Tensor]] = {}  # one entry per long partner
         self.round = 0
         self.lock = threading.Lock()
         self.trust = TrustRadius(trust)  # robust mixing's memory (docs/design.md §1)
@@ -143,20 +144,33 @@ class Worker:
             self.flat.load_(self.theta_start)
         self.rolled_back = False
 
-    @property
-    def live_start(self) -> torch.Tensor:
-        """Where this round's training started: θ, or the in-flight θ̃ under overlap."""
-        return self.theta_start if self.pending is None else self.pending
+    def hold_tilde(self, cfg: OuterConfig) -> torch.Tensor:
+        """Overlap: keep this round's θ̃ aside and take its outer step *eagerly*, on our
+        own pseudo-gradient alone, so the next round trains from there while θ̃ is on
+        the wire; returns θ̃ as the wire encodes it (a host tensor nobody changes).
 
-    def hold_tilde(self) -> torch.Tensor:
-        """Overlap: keep this round's θ̃ aside for its delayed outer step and move on to
-        the next round; returns θ̃ as the wire encodes it (a host tensor nobody changes).
+        The eager step is the outer step with the mix replaced by our own θ̃ (the
+        "eager" overlapped outer update of the DiLoCo literature). When the partners' θ̃
+        arrive, :meth:`outer_update` adds the difference to the true step, so θ and m end
+        up exactly where the step with the mix would have put them; only the next
+        round's first steps were taken from the eager point. Training on from θ̃
+        instead (the outer step simply one round late) was measured to cost far more:
+        with Nesterov momentum the outer step is a large move to skip for a round.
 
         The round number advances now, not at the outer step: the next round's pairing
         is planned while this one's exchange is still on the wire.
         """
         with self.lock:
             self.pending = self.flat.flat.clone()
+            self.pending_base = self.theta_start
+            eager = self.theta_start.clone()
+            outer_step_(eager, self.momentum, self.pending, cfg)  # the mix: our own θ̃
+            if not all_finite(eager):
+                eager.copy_(self.pending)
+                self.momentum.zero_()
+                self.rollbacks[NON_FINITE_OUTER] += 1
+            self.theta_start = eager
+            self.flat.load_(eager)
             self.round += 1
         return on_host(self.pending)
 
@@ -177,7 +191,7 @@ class Worker:
         except NonFiniteLossError as exc:
             log.warning("%s: θ goes back to the start of round %d", exc, self.round)
             with self.lock:
-                self.flat.load_(self.live_start)
+                self.flat.load_(self.theta_start)
             self.rolled_back = True
             self.rollbacks[NON_FINITE_LOSS] += 1
             return []
@@ -196,44 +210,65 @@ class Worker:
         :mod:`gaslocd.algorithm.robust`); W is applied unchanged. A step that would make
         θ non-finite is not taken: θ stays, m restarts from zero, and it is counted.
 
-        Under overlap (a θ̃ held by :meth:`hold_tilde`) this is the delayed outer step of
-        the held round: θ_{t+1} is computed from θ_t and the held θ̃_t exactly as without
-        overlap, and the live parameters, which trained on from θ̃_t meanwhile, move by
-        θ_{t+1} − θ̃_t. So they equal θ_{t+1} plus this round's local progress, which is
-        what the next pseudo-gradient is measured against.
+        Under overlap (a θ̃ held by :meth:`hold_tilde`) this completes that round's
+        eager step: with D = θ̃_t − Σ_j W_ij θ̃_j, the difference between the mixed and
+        the eager outer gradients, m gains D and θ (and the live parameters, which trained
+        on from the eager point) move by −η(1 + μ)·D: exactly the Nesterov step with the
+        mix, the round's local progress riding on top.
         """
-        delayed = self.pending is not None
-        tilde = self.pending if self.pending is not None else self.flat.flat
+        if self.pending is not None:
+            return self._complete_eager(weights, received, me, cfg)
+        tilde = self.flat.flat
         received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
         consensus = pairwise_consensus(tilde, received)
         change = abs(float(tilde.norm()) - float(self.theta_start.norm()))
         used, report = self.trust.clip(tilde, received, distance(self.theta_start, tilde), change)
         mixed = mix(weights, {**used, me: tilde})
         with self.lock:
-            theta = self.theta_start.clone() if delayed else self.flat.flat
-            if not delayed:
-                self.flat.load_(self.theta_start)
-            outer_step_(theta, self.momentum, mixed, cfg)
-            if not all_finite(theta):
+            self.flat.load_(self.theta_start)
+            outer_step_(self.flat.flat, self.momentum, mixed, cfg)
+            if not all_finite(self.flat.flat):
                 log.warning("round %d: the outer step made θ non-finite; not taken", self.round)
-                theta.copy_(self.theta_start)
+                self.flat.load_(self.theta_start)
                 self.momentum.zero_()
                 self.rollbacks[NON_FINITE_OUTER] += 1
-            if delayed:
-                assert self.pending is not None
-                self.flat.flat.add_(theta - self.pending)
-                self.theta_start = theta
-                self.pending = None
-            else:
-                self.theta_start = self.flat.clone()
-                self.round += 1
+            self.theta_start = self.flat.clone()
+            self.round += 1
+        return OuterResult(consensus, report)
+
+    def _complete_eager(
+        self,
+        weights: Mapping[str, float],
+        received: Mapping[str, torch.Tensor],
+        me: str,
+        cfg: OuterConfig,
+    ) -> OuterResult:
+        tilde, base = self.pending, self.pending_base
+        assert tilde is not None and base is not None
+        received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
+        consensus = pairwise_consensus(tilde, received)
+        change = abs(float(tilde.norm()) - float(base.norm()))
+        used, report = self.trust.clip(tilde, received, distance(base, tilde), change)
+        diff = tilde - mix(weights, {**used, me: tilde})  # D
+        with self.lock:
+            self.pending = self.pending_base = None
+            if not all_finite(diff):
+                log.warning("round %d: the mixed outer step is non-finite; not taken", self.round)
+                self.rollbacks[NON_FINITE_OUTER] += 1
+                return OuterResult(consensus, report)
+            self.momentum.add_(diff)
+            step = diff.mul_(-cfg.lr * (1.0 + cfg.momentum))
+            self.theta_start = self.theta_start + step
+            self.flat.flat.add_(step)
         return OuterResult(consensus, report)
 
     def keep_for_long(self, round_: int) -> None:
-        """Keep the held θ̃ of ``round_`` for a long exchange landing rounds later."""
+        """Keep the held θ̃ of ``round_`` for one long exchange landing rounds later (call
+        once per long partner; the copy is shared and freed with the last of them)."""
         with self.lock:
             if self.pending is not None:
-                self.long_own[round_] = self.pending.clone()
+                kept = self.long_own.setdefault(round_, [])
+                kept.append(kept[0] if kept else self.pending.clone())
 
     def apply_pair_mix(self, round_: int, weight: float, other: torch.Tensor | None) -> bool:
         """A long exchange of ``round_`` has landed (``other``: the partner's θ̃ then; None:
@@ -241,30 +276,24 @@ class Worker:
 
         Both ends apply the opposite move, so their sum, and the network mean, stay put:
         the pairwise average of a doubly stochastic W, only late. The round's own outer
-        step already ran without that partner (its weight went to the self weight). θ,
-        the live parameters and a held θ̃ all move, so no pseudo-gradient counts it.
+        step already ran without that partner (its weight went to the self weight). θ
+        and the live parameters move together, so no pseudo-gradient counts it; a θ̃ on
+        the wire is what was sent and stays.
         Returns whether it was applied (False: failed, or our copy went with a resync).
         """
         with self.lock:
-            own = self.long_own.pop(round_, None)
+            kept = self.long_own.get(round_)
+            own = kept.pop() if kept else None
+            if not kept:
+                self.long_own.pop(round_, None)
             if own is None or other is None:
                 return False
             step = other.to(self.device, torch.float32, copy=True).sub_(own).mul_(weight)
             if not all_finite(step):
                 return False
-            for t in (self.theta_start, self.flat.flat, self.pending):
-                if t is not None:
-                    t.add_(step)
+            self.theta_start = self.theta_start + step  # a new tensor: θ_t may be held
+            self.flat.flat.add_(step)
         return True
-
-    def drop_pending(self) -> None:
-        """Overlap: the held round's exchange is abandoned (a resync, a stop); θ̃ was
-        already the live parameters' starting point, so the outer step is simply not
-        taken and θ becomes where training went on from."""
-        with self.lock:
-            if self.pending is not None:
-                self.theta_start = self.pending
-                self.pending = None
 
     def outer_update_from_average(self, average_delta: torch.Tensor, cfg: OuterConfig) -> None:
         """DiLoCo: the outer step on the all-reduced pseudo-gradient Δ̄ = mean(θ − θ̃)."""
@@ -304,7 +333,7 @@ class Worker:
             self.theta_start = theta.detach().to(self.device, torch.float32).reshape(-1).clone()
             self.momentum.copy_(momentum.reshape(-1))
             self.round = round_
-            self.pending = None  # an exchange in flight belonged to the state left behind
+            self.pending = self.pending_base = None  # in flight: the state left behind
             self.long_own.clear()
             self.flat.load_(self.theta_start)
 
@@ -316,8 +345,9 @@ class Worker:
             payload = build_payload(
                 fingerprint=self.fingerprint,
                 round=self.round,
-                # Under overlap, the held θ̃: its round's steps are kept, its mixing is not.
-                theta=self.live_start.to("cpu", copy=True),
+                # Under overlap, the eager step's θ (with its m): the held round's mixing
+                # is what a restart loses, not its steps.
+                theta=self.theta_start.to("cpu", copy=True),
                 outer_momentum=self.momentum.to("cpu", copy=True),
                 inner=self.trainer.state_dict(),
                 extra={**extra, "worker_index": self.worker_index},
@@ -335,7 +365,7 @@ class Worker:
             self.theta_start = payload["theta"].to(self.device, torch.float32).reshape(-1).clone()
             self.momentum.copy_(payload["outer_momentum"])
             self.round = int(payload["round"])
-            self.pending = None
+            self.pending = self.pending_base = None
             self.trainer.load_state_dict(payload["inner"])
             self.flat.load_(self.theta_start)
         return dict(payload.get("extra", {}))

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from gaslocd.config import AlgoConfig
 from gaslocd.protocol.linkcodec import codec_ladder, transfer_s
-from gaslocd.protocol.plan import LinkEstimates, plan_links, plan_this_round
+from gaslocd.protocol.plan import STATE_FETCH, LinkEstimates, plan_links, plan_this_round
+from gaslocd.protocol.policy import RoundPolicy
 from tests.protocol.records import record
 
 NUMEL = 10_000_000  # fp16: 20 MB
@@ -30,12 +33,12 @@ def _plan(me: str, records: list, overlap: bool = True, round_: int = 5):  # typ
 
 def test_a_fast_link_keeps_the_best_codec_and_a_slower_one_steps_down() -> None:
     fast = plan_links(
-        5, record("a", bandwidth=1e9), [record("b", bandwidth=1e9)], LADDER, NUMEL, 5.0, True
+        5, record("a", bandwidth=1e9), [record("b", bandwidth=1e9)], None, LADDER, NUMEL, 5.0, True
     )
     assert fast.codecs == {"b": "fp16"} and not fast.long and fast.free_from == 0
     # 20 MB of fp16 at 3 MB/s is 6.7 s > 5 s; int8 (10 MB) takes 3.4 s.
     slower = plan_links(
-        5, record("a", bandwidth=1e9), [record("b", bandwidth=3e6)], LADDER, NUMEL, 5.0, True
+        5, record("a", bandwidth=1e9), [record("b", bandwidth=3e6)], None, LADDER, NUMEL, 5.0, True
     )
     assert slower.codecs == {"b": "int8"} and not slower.long
 
@@ -44,20 +47,20 @@ def test_a_link_no_codec_can_carry_in_a_round_is_long_and_only_its_slow_end_sits
     # 0.5 MB/s: q4 (5.6 MB) takes 11.3 s against a 5 s round: 3 rounds.
     slow, fast = record("s", bandwidth=5e5), record("f", bandwidth=1e9)
     k = math.ceil(transfer_s("q4", NUMEL, 5e5) / 5.0)
-    on_slow = plan_links(7, slow, [fast], LADDER, NUMEL, 5.0, True)
-    on_fast = plan_links(7, fast, [slow], LADDER, NUMEL, 5.0, True)
+    on_slow = plan_links(7, slow, [fast], None, LADDER, NUMEL, 5.0, True)
+    on_fast = plan_links(7, fast, [slow], None, LADDER, NUMEL, 5.0, True)
     assert on_slow.codecs == {"f": "q4"} and on_fast.codecs == {"s": "q4"}
     assert on_slow.long == {"f": k} and on_fast.long == {"s": k} and k == 3
     assert on_slow.free_from == 7 + k  # its own link is the slow one: it sits out
     assert on_fast.free_from == 0  # its partner's link was: it stays in the pairings
     # Without overlap nothing runs across rounds: the strongest codec, and no sit-out.
-    sequential = plan_links(7, slow, [fast], LADDER, NUMEL, 5.0, False)
+    sequential = plan_links(7, slow, [fast], None, LADDER, NUMEL, 5.0, False)
     assert sequential.codecs == {"f": "q4"} and not sequential.long and sequential.free_from == 0
 
 
 def test_an_unmeasured_link_keeps_the_best_codec() -> None:
     links = plan_links(
-        0, record("a", bandwidth=0.0), [record("b", bandwidth=0.0)], LADDER, NUMEL, 5.0, True
+        0, record("a", bandwidth=0.0), [record("b", bandwidth=0.0)], None, LADDER, NUMEL, 5.0, True
     )
     assert links.codecs == {"b": "fp16"} and not links.long
 
@@ -91,3 +94,27 @@ def test_a_peer_publishes_its_fastest_measured_link_not_a_slow_partners() -> Non
     links.record_transfer("slow", 10.0, 1_000_000)
     links.record_transfer("fast", 0.1, 1_000_000)
     assert links.own_bandwidth() == 1e7
+
+
+def test_one_slow_exchange_does_not_make_a_peer_think_its_own_link_slow() -> None:
+    links = LinkEstimates()
+    links.record_transfer("slow-partner", 10.0, 1_000_000)
+    assert links.own_bandwidth() == 1e5 and links.known_own_rate() == 0.0  # not enough
+    slow, fast = record("s", bandwidth=5e5), record("f", bandwidth=1e5)
+    assert (
+        plan_links(7, fast, [slow], links.known_own_rate(), LADDER, NUMEL, 5.0, True).free_from == 0
+    )
+    links.record_transfer("fast-partner", 0.01, 1_000_000)
+    assert links.known_own_rate() == 1e8
+    joined = LinkEstimates()
+    joined.record_transfer(STATE_FETCH, 40.0, 8 * NUMEL)  # a newcomer's state fetch counts
+    assert joined.known_own_rate() == pytest.approx(2e6)
+
+
+def test_nobody_paces_on_a_peer_that_sits_out() -> None:
+    policy = RoundPolicy("a", record_ttl_s=15.0, h_upper=40)
+    records = [record("a", 10), record("b", 10), record("s", 6, free_from=14)]
+    policy.observe_roster(0.0, records)
+    assert policy.behind(10, records) == []
+    late = [record("a", 10), record("b", 10), record("s", 6, free_from=9)]
+    assert [r.peer_id for r in policy.behind(10, late)] == ["s"]

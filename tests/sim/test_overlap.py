@@ -27,7 +27,7 @@ def _corpus() -> Corpus:
     return Corpus(train=text[:18_000], val=text[18_000:], vocab_size=256, source="random")
 
 
-def test_the_delayed_outer_step_is_the_outer_step_plus_the_progress_made_meanwhile() -> None:
+def test_the_completed_eager_step_is_the_outer_step_plus_the_progress_made_meanwhile() -> None:
     corpus, cfg = _corpus(), OuterConfig(lr=0.7, momentum=0.9)
     plain, late = Worker(TRAIN, corpus, 0), Worker(TRAIN, corpus, 0)
     partner = plain.flat.flat.clone().add_(0.01)
@@ -36,14 +36,17 @@ def test_the_delayed_outer_step_is_the_outer_step_plus_the_progress_made_meanwhi
         w.begin_round()
         w.train(2)
     assert torch.equal(plain.flat.flat, late.flat.flat)  # same seed, same steps
+    tilde = plain.flat.flat.clone()
     plain.outer_update(row, {"p": partner}, "me", cfg)
 
-    held = late.hold_tilde().clone()
-    assert late.round == 1 and late.pending is not None
-    late.begin_round()  # overlap: training goes on from θ̃, not from θ
-    assert torch.equal(late.flat.flat, held)
+    held = late.hold_tilde(cfg).clone()
+    assert torch.equal(held, tilde) and late.round == 1 and late.pending is not None
+    eager = late.flat.flat.clone()  # the outer step on our own θ̃ alone
+    assert not torch.equal(eager, held)
+    late.begin_round()  # overlap: training goes on from the eager point
+    assert torch.equal(late.flat.flat, eager)
     late.train(1)
-    progress = late.flat.flat - held
+    progress = late.flat.flat - eager
     late.outer_update(row, {"p": partner}, "me", cfg)
 
     assert late.round == 1 and late.pending is None
@@ -56,7 +59,8 @@ def test_a_stop_with_an_exchange_in_flight_keeps_the_steps_already_trained(tmp_p
     w = Worker(TRAIN, _corpus(), 0)
     w.begin_round()
     w.train(2)
-    held = w.hold_tilde().clone()
+    w.hold_tilde(OuterConfig())
+    held = w.theta_start.clone()  # the eager step's θ: the round's steps are in it
     w.save(tmp_path, {})
     back = Worker(TRAIN, _corpus(), 0)
     back.restore(tmp_path)
@@ -141,10 +145,10 @@ def test_a_long_exchange_mixes_both_ends_late_and_keeps_their_sum() -> None:
     for w in (a, b):
         w.begin_round()
         w.train(2)
-    tilde = {"a": a.hold_tilde().clone(), "b": b.hold_tilde().clone()}
+    cfg = OuterConfig()
+    tilde = {"a": a.hold_tilde(cfg).clone(), "b": b.hold_tilde(cfg).clone()}
     for w in (a, b):
         w.keep_for_long(0)
-    cfg = OuterConfig()
     for w, me in ((a, "a"), (b, "b")):  # round 0 lands without the long partner
         w.outer_update({me: 1.0}, {}, me, cfg)
         w.begin_round()

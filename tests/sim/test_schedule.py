@@ -128,7 +128,13 @@ def test_an_exchange_past_its_deadline_fails_and_w_stays_doubly_stochastic() -> 
         assert state.rows[k][q] == pytest.approx(2 / 3)
         # the failed exchange was waited for until its deadline
         assert schedule.clock.seconds("wait_ready")[k] == pytest.approx(FIRST_DEADLINE_S, rel=0.1)
-    assert schedule.peers[0].links.transfer_s == {}  # failed transfers measure nothing
+    # A failed transfer took at least its deadline: the link is at best that fast (as the
+    # daemon records it), so the next round's codec is not chosen from nothing.
+    links = schedule.peers[0].links
+    assert links.transfer_s == pytest.approx(
+        {q: FIRST_DEADLINE_S for q in state.setups[0].partners}
+    )
+    assert max(links.bandwidth.values()) == pytest.approx(20 * MB / FIRST_DEADLINE_S)
 
 
 def test_a_partnerless_round_lasts_the_target_round_time() -> None:
