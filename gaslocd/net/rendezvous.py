@@ -205,7 +205,7 @@ class RoundBoard:
         while True:
             offer = self.offer
             kept = self.lingering.get(round_)
-            if kept is not None and sender in kept.keep and kept is not offer:
+            if kept is not None and sender in kept.keep:  # a long exchange's late call
                 return self._claim_in(kept, sender, closed_ok=True)
             if offer is not None:
                 if round_ < offer.round:

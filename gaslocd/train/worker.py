@@ -122,7 +122,9 @@ class Worker:
         self.pending_base: torch.Tensor | None = None  # θ_t of that round (trust radius)
         # Our θ̃ of rounds whose long exchange (a link too slow for a round) is still on
         # the wire: kept until it lands, for the pairwise mix (see apply_pair_mix).
-        self.long_own: dict[int, list[torch.Tensor]] = {}  # one entry per long partner
+        # One entry per long partner: our θ̃ then, and its round's progress and norm
+        # change (the trust radius the late mix is clipped to, as a round's mix is).
+        self.long_own: dict[int, list[tuple[torch.Tensor, float, float]]] = {}
         self.round = 0
         self.lock = threading.Lock()
         self.trust = TrustRadius(trust)  # robust mixing's memory (docs/design.md §1)
@@ -266,9 +268,14 @@ class Worker:
         """Keep the held θ̃ of ``round_`` for one long exchange landing rounds later (call
         once per long partner; the copy is shared and freed with the last of them)."""
         with self.lock:
-            if self.pending is not None:
+            if self.pending is not None and self.pending_base is not None:
                 kept = self.long_own.setdefault(round_, [])
-                kept.append(kept[0] if kept else self.pending.clone())
+                if not kept:
+                    base, tilde = self.pending_base, self.pending
+                    change = abs(float(tilde.norm()) - float(base.norm()))
+                    kept.append((tilde.clone(), distance(base, tilde), change))
+                else:
+                    kept.append(kept[0])
 
     def apply_pair_mix(self, round_: int, weight: float, other: torch.Tensor | None) -> bool:
         """A long exchange of ``round_`` has landed (``other``: the partner's θ̃ then; None:
@@ -279,16 +286,22 @@ class Worker:
         step already ran without that partner (its weight went to the self weight). θ
         and the live parameters move together, so no pseudo-gradient counts it; a θ̃ on
         the wire is what was sent and stays.
-        Returns whether it was applied (False: failed, or our copy went with a resync).
+        The partner's θ̃ is clipped to the trust radius of that round first, as in a
+        round's mix: a long exchange is no way around robust mixing. Returns whether it
+        was applied (False: failed, or our copy went with a resync).
         """
         with self.lock:
             kept = self.long_own.get(round_)
-            own = kept.pop() if kept else None
+            entry = kept.pop() if kept else None
             if not kept:
                 self.long_own.pop(round_, None)
-            if own is None or other is None:
-                return False
-            step = other.to(self.device, torch.float32, copy=True).sub_(own).mul_(weight)
+        if entry is None or other is None:
+            return False
+        own, progress, change = entry
+        theirs = other.to(self.device, torch.float32, copy=True)
+        used, _ = self.trust.clip(own, {"partner": theirs}, progress, change)
+        with self.lock:
+            step = used["partner"].sub_(own).mul_(weight)
             if not all_finite(step):
                 return False
             self.theta_start = self.theta_start + step  # a new tensor: θ_t may be held
