@@ -1,6 +1,6 @@
 """Stragglers whose link cannot carry the model within a round, in the simulator (issue 13).
 
-    .venv/bin/python bench/stragglers.py              # the committed grid, ~25 min on 2 cores
+    .venv/bin/python bench/stragglers.py              # the committed grid, ~25 min on 2 cores (6 workers, 24 rounds)
     .venv/bin/python bench/stragglers.py --quick      # a smoke check, a few minutes
     .venv/bin/python bench/stragglers.py --report-only
 
@@ -316,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     grid = (
         Grid(workers=4, rounds=8, inner_steps=10, eval_every=4, topology="1peer", seed=0)
         if args.quick
-        else Grid(workers=8, rounds=40, inner_steps=10, eval_every=4, topology="1peer", seed=0)
+        else Grid(workers=6, rounds=24, inner_steps=10, eval_every=4, topology="1peer", seed=0)
     )
     out = args.out or (Path("/tmp/gaslocd-stragglers-quick") if args.quick else RESULTS)
     data = out / "stragglers"

@@ -277,7 +277,7 @@ class WireConfig:
     # A caller sends its header as soon as the call starts; one that sends nothing would
     # otherwise hold one of the server's concurrent-call slots for accept_wait_s.
     header_wait_s: float = 10.0
-    round_lead: int = 1  # a caller may be this many rounds ahead of us and still wait
+    round_lead: int = 2  # a caller this many rounds ahead still waits (overlap skews a round)
     pipeline_chunks: int = 3  # chunks encoded / decoded ahead of the socket, per stream
     keepalive_time_s: float = 20.0
     keepalive_timeout_s: float = 60.0  # a slow uplink's queue delays a ping's reply by seconds
