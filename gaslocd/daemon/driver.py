@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
@@ -59,6 +60,7 @@ class RoundDriver:
         adapt = rt.algo.adapt_codec and isinstance(mixer, GossipMixer)
         self.ladder = codec_ladder(rt.cfg.codec, rt.wire.codecs) if adapt else ()
         self.long_landed = 0  # long exchanges mixed this round
+        self._begun = False  # the round's begin_round already done (by pacing)
 
     async def run_round(self) -> None:
         rt = self.rt
@@ -67,9 +69,10 @@ class RoundDriver:
         records = await self.membership.roster()
         rt.policy.observe_roster(rt.clock(), records)
         t = self._catch_up(rt.state.round, records)
-        records = await self.membership.pace(t, records)
+        records, paced = await self._pace(t, records)
         rt.spawn(self.membership.publish())  # peers pace and catch up on our current round
-        acct.add("roster", rt.clock() - began)
+        acct.add("fill", paced[1])
+        acct.add("roster", rt.clock() - began - paced[1])
         setup = plan_this_round(
             rt.algo,
             rt.cfg.run_id,
@@ -84,6 +87,7 @@ class RoundDriver:
         )
         self._sit_out_if(setup)
         losses, mixed, exchange_began = await self._train_and_mix(setup, acct)
+        losses = paced[0] + losses
         acct.add_all(mixed.parts)
         if mixed.setup is not None and rt.policy.should_resync(mixed.setup, mixed.exchanged):
             await self._timed(acct, "roster", self.membership.resync(records))
@@ -127,7 +131,9 @@ class RoundDriver:
         """The round's steps, the fill, and the mix (overlapped: of the previous round);
         returns the losses, the mix and when the exchange phase began."""
         rt = self.rt
-        await rt.thread.call(rt.state.begin_round)
+        if not self._begun:
+            await rt.thread.call(rt.state.begin_round)
+        self._begun = False
         losses = await self._timed(acct, "train", self._train(setup))
         if self.overlapped:
             losses += await self._timed(acct, "fill", self._fill_in_flight(len(losses)))
@@ -137,6 +143,31 @@ class RoundDriver:
             losses += await self._timed(acct, "fill", self._fill_wait(setup, len(losses)))
         began = rt.clock()
         return losses, await self.mixer.mix(setup), began
+
+    async def _pace(
+        self, t: int, records: list[PeerRecord]
+    ) -> tuple[list[PeerRecord], tuple[list[float], float]]:
+        """Pacing (a peer more than a round behind): overlapped, train while it lasts
+        (:meth:`~gaslocd.protocol.policy.RoundPolicy.paced_steps`), so nobody idles for a
+        slow peer. Returns the roster and (the losses, the seconds) of those steps."""
+        rt = self.rt
+        if not (self.overlapped and rt.algo.adapt_h and rt.policy.behind(t, records)):
+            return await self.membership.pace(t, records), ([], 0.0)
+        await rt.thread.call(rt.state.begin_round)
+        self._begun = True
+        stop = threading.Event()
+
+        def enough() -> bool:
+            return stop.is_set() or rt.thread.should_stop()
+
+        began = rt.clock()
+        job = asyncio.ensure_future(rt.thread.call(rt.state.train, rt.algo.h_upper, enough))
+        try:
+            records = await self.membership.pace(t, records)
+        finally:
+            stop.set()
+            losses = await job
+        return records, (losses, rt.clock() - began)
 
     def _sit_out_if(self, setup: RoundSetup) -> None:
         """Our link cannot carry θ̃ in a round: announce at once that we sit out of the

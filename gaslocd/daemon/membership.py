@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import statistics
 
 import grpc
@@ -40,6 +41,13 @@ MAX_STATE_SOURCES = 3  # states fetched at most for one join or resync (two, and
 
 class StartupError(RuntimeError):
     """The daemon could not start; the message is for the user (exit status 3)."""
+
+
+class StateBusy(StartupError):
+    """Every peer asked for its state was at its limit of concurrent state fetches."""
+
+
+STATE_BUSY_RETRIES = 5
 
 
 class Membership:
@@ -173,6 +181,16 @@ class Membership:
         compute it on a state we have not seen. When the first two disagree a third
         decides; states that all disagree are all refused.
         """
+        for attempt in range(STATE_BUSY_RETRIES):
+            try:
+                return await self._fetch_state_once(others)
+            except StateBusy:
+                # Newcomers starting together (a compose fleet) queue at a peer's
+                # GetState limit: wait a little, not fail the start.
+                await asyncio.sleep(random.uniform(1.0, 2.0) * (attempt + 1))
+        return await self._fetch_state_once(others)
+
+    async def _fetch_state_once(self, others: list[PeerRecord]) -> int:
         rt = self.rt
         errors: list[str] = []
         sources = resync_sources(others, rt.me)
@@ -192,7 +210,10 @@ class Membership:
             return await self._adopt(*held[0])
         if held:
             errors.append("the states fetched disagree (‖θ_a − θ_b‖ over the norm bound)")
-        raise StartupError("could not fetch the run's state from any peer: " + "; ".join(errors))
+        text = "could not fetch the run's state from any peer: " + "; ".join(errors)
+        if not held and any("RESOURCE_EXHAUSTED" in e for e in errors):
+            raise StateBusy(text)
+        raise StartupError(text)
 
     async def _fetch_checked(self, record: PeerRecord, errors: list[str]) -> PeerState | None:
         """``record``'s state if it arrives and is in range (None, with the reason in

@@ -10,11 +10,12 @@ simulator call the same methods; only where ``now`` comes from differs.
   go faster than time allows: a record further ahead than ``MIN_ROUND_S`` per second
   since we last saw the run (plus ``JUMP_SLACK_ROUNDS``) is ignored, so even a majority
   of forged records cannot drag a running peer to round 2^62.
-- **Pace.** Never run more than ``MAX_LEAD_ROUNDS`` ahead of an active peer: wait for
-  it (bounded by the exchange deadline). The gap between the two rules keeps normal
-  jitter from ever skipping a round. A peer whose round has not moved for
-  ``stale_after_s`` holds nobody back: a record that never advances (dead, wedged, or
-  forged to slow the run down) costs each peer at most that long, not a deadline a round.
+- **Pace.** Never run more than ``MAX_LEAD_ROUNDS`` ahead of an active peer: wait for it
+  (bounded by the exchange deadline), training meanwhile when overlapped. The gap
+  between the two rules keeps normal jitter from ever skipping a round. A peer whose
+  round has not moved for ``stale_after_s`` holds nobody back: a record that never
+  advances (dead, wedged, or forged to slow the run down) costs each peer at most that
+  long, not a deadline a round.
 - **Fill the wait.** A peer that finished its planned H before its partners keeps
   training (up to H_max and the exchange deadline) until every partner said Ready.
   Overlapped, the wait is for the previous round's exchange, still on the wire.
@@ -219,6 +220,15 @@ class RoundPolicy:
         if not setup.partners or room <= 0:
             return None
         return FillWait(room=room, until=now + setup.deadline_s)
+
+    def paced_steps(self, wait_s: float, step_s: float) -> int:
+        """Overlap: a peer held back by pacing trains meanwhile, as many steps as the
+        wait holds (at most H_max): the round numbers stay aligned, and nobody idles for
+        a slow peer. Without overlap the wait stays a wait (the next round's start point
+        is the outer step's, not yet known)."""
+        if wait_s <= 0 or step_s <= 0:
+            return 0
+        return min(self.h_upper, int(wait_s // step_s))
 
     def fill_overlap(self, in_flight: bool, steps_done: int, until: float) -> FillWait | None:
         """Overlap: the fill while the previous round's exchange is still on the wire,

@@ -130,6 +130,7 @@ class Simulation:
         losses: list[float] = []
         for k, w in enumerate(self.workers):
             w.begin_round()
+            losses += w.train(state.paced[k])  # held back by pacing, it trained (overlap)
             losses += w.train(state.planned[k])  # a non-finite loss rolls the round back
             losses += w.train(state.filled[k])  # filling the wait: real steps
         return losses
@@ -262,7 +263,7 @@ class Simulation:
             wall_clock_s=self.clock.wall_clock_s,
             idle_fraction=self.clock.idle_fraction(),
             exchange_failures=sum(state.failures.values()),
-            filled_steps=tuple(state.filled),
+            filled_steps=tuple(f + p for f, p in zip(state.filled, state.paced, strict=True)),
             roster=ids,
             edges=tuple(state.planned_edges()),
             mixing_matrix=tuple(tuple(r) for r in matrix),

@@ -24,7 +24,7 @@ from gaslocd import __version__
 from gaslocd.config import CODECS, AlgoConfig, DaemonConfig, SimConfig
 from gaslocd.protocol.linkcodec import codec_ladder
 from gaslocd.protocol.linkcodec import message_bytes as codec_bytes
-from gaslocd.protocol.plan import STATE_FETCH, LinkEstimates, RoundSetup, plan_this_round
+from gaslocd.protocol.plan import LinkEstimates, RoundSetup, plan_this_round
 from gaslocd.protocol.policy import RoundPolicy, counted_exchanges, mixing_row, resync_sources
 from gaslocd.protocol.records import PeerRecord
 from gaslocd.sim.clock import (
@@ -43,6 +43,7 @@ from gaslocd.sim.state import (
     SimPeer,
     network_model,
     round_digest,
+    seed_as_newcomers,
     worker_roster,
 )
 
@@ -75,7 +76,7 @@ class Schedule:
         ]
         self.index = {p: k for k, p in enumerate(ids)}
         if algo.adapt_codec:  # peers start as newcomers to a running run do (see _seed)
-            self._seed(sim)
+            seed_as_newcomers(self.peers, self.net, 2 * message_bytes)
         self.fingerprint = fingerprint
         self.free_from = [0] * sim.workers
         self.records = [self._record(k, 0, algo.inner_steps) for k in range(sim.workers)]
@@ -89,17 +90,6 @@ class Schedule:
         self.pace_timeouts = 0
         # Overlap: the round still on the wire, and each peer's own traffic time in it.
         self.in_flight: tuple[RoundState, list[float]] | None = None
-
-    def _seed(self, sim: SimConfig) -> None:
-        """What a daemon knows before its first round when it joins a running run: its
-        link's rate (it fetched the state, two models) and its step time (published by
-        the others). Without it, every link's first exchange would go in the best codec
-        whatever the link, which only the very first peers of a real run pay."""
-        for k, peer in enumerate(self.peers):
-            state_bytes = 2 * self.message_bytes
-            seconds = self.net.latency_s + state_bytes / sim.bandwidth_bytes_per_s(k)
-            peer.links.record_transfer(STATE_FETCH, seconds, state_bytes)
-            peer.links.record_step_time(peer.step_time_s)
 
     def _record(
         self, k: int, round_: int, inner_steps: int, setup: RoundSetup | None = None
@@ -191,6 +181,10 @@ class Schedule:
             opened = [max(o, end) for o, end in zip(opened, prev, strict=True)]
         state = RoundState(t, setups, records, arrived, start, planned, filled, opened)
         state.ids = tuple(p.peer_id for p in self.peers)
+        state.paced = [
+            p.policy.paced_steps(s - a, p.step_time_s) if self.overlap and self.fills else 0
+            for p, s, a in zip(self.peers, start, arrived, strict=True)
+        ]
         state.group = () if self.allreduce else None  # the runner offers Δ, not θ̃
         return state
 
@@ -310,18 +304,21 @@ class Schedule:
                 parts = split_exchange_phase(phase, self._waited(state, k), traffic[k])
             done = end + fetch
             pause = peer.policy.solo_wait_s(setup, done - state.start_s[k], done)
+            paced, s = state.paced[k], peer.step_time_s
             self.clock.finish_round(
                 k,
                 {
                     "train": state.planned[k] * peer.step_time_s,
-                    "fill": state.filled[k] * peer.step_time_s,
+                    "fill": (state.filled[k] + paced) * peer.step_time_s,
                     **parts,
-                    # pacing before the round, the solo round's pause, a resync's fetch
-                    "roster": state.start_s[k] - state.arrived_s[k] + pause + fetch,
+                    # pacing (less its steps), a solo round's pause, a resync's fetch
+                    "roster": state.start_s[k] - state.arrived_s[k] - paced * s + pause + fetch,
                 },
             )
         self.records = [
-            self._record(k, t + 1, state.planned[k] + state.filled[k], state.setups[k])
+            self._record(
+                k, t + 1, state.planned[k] + state.filled[k] + state.paced[k], state.setups[k]
+            )
             for k in range(len(self.peers))
         ]
         if self.overlap:

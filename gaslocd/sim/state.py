@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from gaslocd.algorithm.topology import RoundPlan
 from gaslocd.config import SimConfig
-from gaslocd.protocol.plan import LinkEstimates, RoundSetup
+from gaslocd.protocol.plan import STATE_FETCH, LinkEstimates, RoundSetup
 from gaslocd.protocol.policy import RoundPolicy
 from gaslocd.protocol.records import PeerRecord
 from gaslocd.sim.clock import EdgeTiming, NetworkModel
@@ -94,6 +94,7 @@ class RoundState:
     resyncs: list[tuple[int, int]] = field(default_factory=list)  # (peer, its source)
     failures: dict[str, int] = field(default_factory=dict)  # reason -> failed edges
     ids: tuple[str, ...] = ()  # every simulated peer, sorted (some may sit out)
+    paced: list[int] = field(default_factory=list)  # steps trained while pacing (overlap)
     long_edges: list[LongEdge] = field(default_factory=list)  # exchanges landing later
 
     @property
@@ -117,4 +118,18 @@ class RoundState:
         return [[row.get(q, 0.0) for q in ids] for row in self.rows]
 
     def digest(self) -> str:
-        return round_digest(self.planned, self.filled, self.mixing_matrix())
+        extra = [
+            f + p for f, p in zip(self.filled, self.paced or [0] * len(self.filled), strict=True)
+        ]
+        return round_digest(self.planned, extra, self.mixing_matrix())
+
+
+def seed_as_newcomers(peers: Sequence[SimPeer], net: NetworkModel, state_bytes: int) -> None:
+    """What a daemon knows before its first round when it joins a running run: its link's
+    rate (it fetched the state, ``state_bytes``) and its step time (published by the
+    others). Without it, every link's first exchange would go in the best codec whatever
+    the link, which only the very first peers of a real run pay."""
+    for k, peer in enumerate(peers):
+        seconds = net.latency_s + state_bytes / net.bandwidth_bytes_per_s[k]
+        peer.links.record_transfer(STATE_FETCH, seconds, state_bytes)
+        peer.links.record_step_time(peer.step_time_s)

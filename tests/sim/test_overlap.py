@@ -188,3 +188,21 @@ def test_a_straggler_whose_link_needs_rounds_sits_out_and_nobody_waits(corpus: C
     for matrix in rows:  # W doubly stochastic every round, the sitting-out row e_0
         for line in (*matrix, *zip(*matrix, strict=True)):
             assert sum(line) == pytest.approx(1.0)
+
+
+def test_overlapped_peers_train_while_pacing_on_a_slow_gpu() -> None:
+    # Worker 3 steps 3× slower and may not take fewer than 10 steps: it falls behind, and
+    # the others are paced (held to a round's lead). Overlapped, they train meanwhile.
+    shares = {}
+    for overlap in (False, True):
+        sim = SimConfig(
+            workers=4, rounds=1, bandwidth_mbps=100, latency_ms=5, step_time_s=0.5,
+            message_bytes=2 * MB,
+        )  # fmt: skip
+        algo = AlgoConfig(topology="1peer", inner_steps=10, adapt_h=True, h_min=10, overlap=overlap)
+        schedule = Schedule(algo, sim, "run-a", 2 * MB, [0.5, 0.5, 0.5, 1.5], "fingerprint")
+        _run(schedule, 12)
+        shares[overlap] = min(schedule.clock.compute_fraction_per_worker()[:3])
+        if overlap:
+            assert sum(schedule.clock.seconds("roster")[:3]) < 5.0  # hardly any idle pacing
+    assert shares[True] > 0.9 > shares[False]
