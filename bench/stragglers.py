@@ -1,6 +1,6 @@
 """Stragglers whose link cannot carry the model within a round, in the simulator (issue 13).
 
-    .venv/bin/python bench/stragglers.py              # the committed grid, ~25 min on 2 cores (6 workers, 24 rounds)
+    .venv/bin/python bench/stragglers.py              # the committed grid (6 workers), ~25 min
     .venv/bin/python bench/stragglers.py --quick      # a smoke check, a few minutes
     .venv/bin/python bench/stragglers.py --report-only
 
