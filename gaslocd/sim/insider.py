@@ -79,16 +79,15 @@ class InsiderSimulation(Simulation):
             k for k in range(len(self.workers)) if self.insider is None or k != self.insider.worker
         ]
 
-    def _train(self, state: RoundState) -> list[float]:
-        """Every worker trains and posts its θ̃, then the insider replaces its own."""
-        losses = super()._train(state)
+    def _post(self, state: RoundState) -> None:
+        """Every worker posts its θ̃, then the insider replaces its own."""
+        super()._post(state)
         if self.insider is not None and state.group is None:
             partners = sorted(state.setups[self.insider.worker].partners)
             if partners:
                 target = self.workers[self.roster.index(partners[0])].flat.flat
                 poison = self.poison(target)
                 self.transport.post(state.round, self.roster[self.insider.worker], poison)
-        return losses
 
     def poison(self, target: torch.Tensor) -> torch.Tensor:
         """The insider's θ̃: ``fraction`` of the norm bound away from ``target``."""

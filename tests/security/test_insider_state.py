@@ -4,6 +4,7 @@ peers: a typical source first, range checks, and a cross-check against a second 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
@@ -13,6 +14,7 @@ import torch
 
 from gaslocd.daemon.membership import Membership, StartupError
 from gaslocd.net.state import PeerState
+from gaslocd.protocol.plan import LinkEstimates
 from tests.protocol.records import record as _rec
 
 N = 1000
@@ -44,6 +46,8 @@ def _membership(states: Mapping[str, tuple[int, torch.Tensor, torch.Tensor]]) ->
         wire=SimpleNamespace(norm_bound=1.0),
         server=SimpleNamespace(client=SimpleNamespace(fetch_state=fetch_state)),
         progress=lambda line: None,
+        clock=time.monotonic,
+        links=LinkEstimates(),
     )
     m = Membership(rt)  # type: ignore[arg-type]
     m.asked, m.adopted = asked, adopted  # type: ignore[attr-defined]
