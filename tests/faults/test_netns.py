@@ -149,4 +149,5 @@ def test_a_link_too_slow_for_a_round_sits_out_and_its_long_exchanges_land(
         assert any("long +" in line for d in fast for line in d.lines)  # and at a fast end
         for d in daemons:
             assert "Traceback" not in d.output(), d.output()
-            assert all(m.group("loss") != "nan" for m in d.rounds())
+            # (a round cut short by the stop trains no step: its mean loss reads nan)
+            assert all(m.group("loss") != "nan" for m in d.rounds() if int(m.group("h")) > 0)
