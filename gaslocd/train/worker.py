@@ -220,12 +220,9 @@ class Worker:
         """
         if self.pending is not None:
             return self._complete_eager(weights, received, me, cfg)
-        tilde = self.flat.flat
-        received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
-        consensus = pairwise_consensus(tilde, received)
-        change = abs(float(tilde.norm()) - float(self.theta_start.norm()))
-        used, report = self.trust.clip(tilde, received, distance(self.theta_start, tilde), change)
-        mixed = mix(weights, {**used, me: tilde})
+        mixed, consensus, report = self._robust_mix(
+            self.flat.flat, self.theta_start, weights, received, me
+        )
         with self.lock:
             self.flat.load_(self.theta_start)
             outer_step_(self.flat.flat, self.momentum, mixed, cfg)
@@ -238,6 +235,22 @@ class Worker:
             self.round += 1
         return OuterResult(consensus, report)
 
+    def _robust_mix(
+        self,
+        tilde: torch.Tensor,
+        base: torch.Tensor,
+        weights: Mapping[str, float],
+        received: Mapping[str, torch.Tensor],
+        me: str,
+    ) -> tuple[torch.Tensor, float, ClipReport]:
+        """Σ_j W_ij θ̃_j with each partner's θ̃ clipped to the trust radius of the round
+        that went from ``base`` to ``tilde``; and the consensus distance as received."""
+        received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
+        consensus = pairwise_consensus(tilde, received)
+        change = abs(float(tilde.norm()) - float(base.norm()))
+        used, report = self.trust.clip(tilde, received, distance(base, tilde), change)
+        return mix(weights, {**used, me: tilde}), consensus, report
+
     def _complete_eager(
         self,
         weights: Mapping[str, float],
@@ -247,11 +260,8 @@ class Worker:
     ) -> OuterResult:
         tilde, base = self.pending, self.pending_base
         assert tilde is not None and base is not None
-        received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
-        consensus = pairwise_consensus(tilde, received)
-        change = abs(float(tilde.norm()) - float(base.norm()))
-        used, report = self.trust.clip(tilde, received, distance(base, tilde), change)
-        diff = tilde - mix(weights, {**used, me: tilde})  # D
+        mixed, consensus, report = self._robust_mix(tilde, base, weights, received, me)
+        diff = tilde.sub(mixed)  # D
         with self.lock:
             self.pending = self.pending_base = None
             if not all_finite(diff):
