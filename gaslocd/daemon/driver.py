@@ -60,6 +60,7 @@ class RoundDriver:
         adapt = rt.algo.adapt_codec and isinstance(mixer, GossipMixer)
         self.ladder = codec_ladder(rt.cfg.codec, rt.wire.codecs) if adapt else ()
         self.long_landed = 0  # long exchanges mixed this round
+        self.long_dropped = 0  # and dropped (a failed round, for the resync rule)
         self._begun = False  # the round's begin_round already done (by pacing)
 
     async def run_round(self) -> None:
@@ -84,12 +85,14 @@ class RoundDriver:
             rt.cfg.exchange_deadline_s,
             ladder=self.ladder,
             numel=rt.state.numel,
+            rate_hints=rt.server.rate_hints,
         )
         self._sit_out_if(setup)
         losses, mixed, exchange_began = await self._train_and_mix(setup, acct)
         losses = paced[0] + losses
         acct.add_all(mixed.parts)
-        if mixed.setup is not None and rt.policy.should_resync(mixed.setup, mixed.exchanged):
+        done, dropped = mixed.exchanged + self.long_landed, self.long_dropped
+        if mixed.setup is not None and rt.policy.should_resync(mixed.setup, done, dropped):
             await self._timed(acct, "roster", self.membership.resync(records))
         exchange_s = rt.clock() - exchange_began
         pause = rt.policy.solo_wait_s(setup, rt.clock() - began, rt.clock())
@@ -118,7 +121,7 @@ class RoundDriver:
             overlapped=self.overlapped,
             long_landed=self.long_landed,
         )
-        self.long_landed = 0
+        self.long_landed = self.long_dropped = 0
         rt.progress(rt.telemetry.finish_round(outcome, rt.links, rt.state.round))
 
     @property
@@ -189,7 +192,7 @@ class RoundDriver:
         ended meanwhile are mixed first."""
         rt = self.rt
         assert isinstance(self.mixer, GossipMixer)
-        self.long_landed = await self.mixer.land_long()
+        self.long_landed, self.long_dropped = await self.mixer.land_long()
         landed = await self.mixer.land()
         await self.mixer.send(setup)
         last = bool(rt.cfg.max_rounds) and rt.state.round >= rt.cfg.max_rounds

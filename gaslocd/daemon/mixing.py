@@ -23,13 +23,17 @@ from gaslocd.net.codecs import FeedbackBank
 from gaslocd.net.rendezvous import ExchangeResult, Outcome
 from gaslocd.protocol.account import split_exchange
 from gaslocd.protocol.linkcodec import message_bytes
-from gaslocd.protocol.plan import RoundSetup
+from gaslocd.protocol.plan import MAX_LONG_ROUNDS, RoundSetup
 from gaslocd.protocol.policy import counted_exchanges, mixing_row
 from gaslocd.protocol.records import PeerRecord
 from gaslocd.train.device import on_host
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Long exchanges on the wire at once, at most: each holds a θ̃ of its round and a receive
+# buffer until it lands. A slow link has about one per partner; more is a partner asking
+# (in its header) to keep streams open that an honest slow link would not need.
+MAX_LONG_FLIGHTS = 4
 
 
 def _scaled(parts: dict[str, float], total: float) -> dict[str, float]:
@@ -129,26 +133,28 @@ class GossipMixer:
         server = self.rt.server
         long = {p: setup.long_deadline_s(p) for p in setup.long if p in setup.partners}
 
-        async def extend(running: list[str]) -> dict[str, float]:
-            """Partners that announced a sit-out covering this round since we planned it
-            (their link is the slow one): their exchange is long at their end too."""
-            if self.roster is None:
-                return {}
-            records = {r.peer_id: r for r in await self.roster()}
-            sitting = {p: records[p].free_from for p in running if p in records}
-            target = setup.target_round_s or 0.0
-            more = {
-                p: setup.deadline_s + 1.5 * (free - setup.round) * target
-                for p, free in sitting.items()
-                if free > setup.round
-            }
+        async def extend(running: dict[str, int]) -> dict[str, float]:
+            """Partners whose exchange is long at their end: their header declared it
+            (their view of the link's rates, or ours, was stale when one end planned), or
+            they announced a sit-out covering this round since we planned it."""
+            rounds = dict(running)
+            if self.roster is not None and not all(rounds.values()):  # the DHT only if needed
+                records = {r.peer_id: r for r in await self.roster()}
+                for p in running:
+                    free = records[p].free_from if p in records else 0
+                    rounds[p] = max(rounds[p], free - setup.round)
+            room = MAX_LONG_FLIGHTS - len(self.long) - len(setup.long)
+            more = {p: setup.kept_s(k) for p, k in rounds.items() if k > 0}
+            more = dict(list(more.items())[: max(0, room)])
             for _ in more:  # our θ̃ of that round is needed when it lands
                 await asyncio.to_thread(self.rt.state.keep_for_long, setup.round)
             if more:  # and its receive buffer stays taken until then
                 self._buffers = []
             return more
 
-        outcomes = await server.exchange_round(setup.round, setup.deadline_s, long, extend)
+        outcomes = await server.exchange_round(
+            setup.round, setup.deadline_s, long, extend, setup.kept_s(MAX_LONG_ROUNDS)
+        )
         row = setup.mixing_row(self.rt.me)
         for peer, flight in server.take_long(setup.round).items():
             self.rt.tasks.add(flight)
@@ -156,10 +162,10 @@ class GossipMixer:
             self.long.append(LongFlight(setup.round, peer, row[peer], flight))
         return outcomes
 
-    async def land_long(self) -> int:
+    async def land_long(self) -> tuple[int, int]:
         """Mix the long exchanges that ended since the last look (each end moves by
         W_ij·(θ̃_j − θ̃_i) of their round: :meth:`Worker.apply_pair_mix`); returns how
-        many were mixed. One that failed, or whose partner refused ours, is dropped."""
+        many were mixed and how many dropped (failed, or the partner refused ours)."""
         rt, landed = self.rt, 0
         done, self.long = (
             [f for f in self.long if f.task.done()],
@@ -182,7 +188,7 @@ class GossipMixer:
                 "mixed" if applied else f"dropped ({getattr(outcome, 'reason', 'refused')})",
             )
             landed += applied
-        return landed
+        return landed, len(done) - landed
 
     def landed(self) -> bool:
         """Whether the exchange in flight (if any) is over: the fill stops then."""
@@ -230,6 +236,8 @@ class GossipMixer:
             roster_digest=setup.digest,
             # A long exchange fills its buffer rounds later: never one reused each round.
             receive_buffers=() if setup.long else self._receive_buffers(len(setup.partners)),
+            long_rounds=setup.long,
+            own_rate=self.rt.links.known_own_rate(),
         )
 
     async def _settle(

@@ -92,6 +92,8 @@ def exchange_header(me: Identity, config: WireConfig, offer: RoundOffer, peer: s
             numel=msg.numel,
             encoded_nbytes=msg.nbytes,
             chunk_bytes=msg.chunk_bytes,
+            long_rounds=offer.long_rounds.get(peer, 0),
+            link_bytes_per_s=int(offer.own_rate),
         )
     )
 
@@ -266,6 +268,7 @@ class PeerClient:
         if h.round != offer.round:
             raise Refusal("stale-round", f"reply for round {h.round}, we are in {offer.round}")
         codec = check_payload(self.config, h, offer.message.numel, offer.roster_digest)
+        offer.declared(peer, h.long_rounds, float(h.link_bytes_per_s))
         return Receiver(
             codec,
             out,

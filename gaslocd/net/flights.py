@@ -28,8 +28,9 @@ from gaslocd.net.rendezvous import (
 from gaslocd.net.validation import WireStats
 
 LongFlights = dict[str, "asyncio.Task[Outcome]"]
-Extend = Callable[[list[str]], Awaitable[Mapping[str, float]]]
-"""Partners still streaming at the deadline → those to keep as long (peer → seconds)."""
+Extend = Callable[[dict[str, int]], Awaitable[Mapping[str, float]]]
+"""Partners still streaming at the deadline, with the rounds their header declared long (0:
+none) → those to keep as long (peer → seconds)."""
 
 
 def _count(stats: WireStats, outcome: Outcome) -> Outcome:
@@ -49,18 +50,22 @@ async def exchange_offer(
     long: Mapping[str, float],
     stats: WireStats,
     extend: Extend | None = None,
+    extend_max_s: float = 0.0,
 ) -> tuple[dict[str, Outcome], LongFlights]:
     """Exchange with every partner of ``offer``: the round's outcomes (long partners
     excluded) once all are in or ``deadline_s`` passed, and a task per long partner
     (``long``: peer → its own deadline in seconds) that ends with its outcome.
 
     ``extend`` is asked, at the deadline, about the partners still streaming: those it
-    names become long exchanges too (a partner that announced its link too slow after
-    we planned the round, so that both ends still treat the exchange alike)."""
+    names become long exchanges too (a partner whose header declared the exchange long,
+    or that announced its link too slow after we planned the round, so that both ends
+    still treat the exchange alike); our calls then run under ``extend_max_s`` (the
+    longest extension), the deadline kept by cancelling. ``board.cut`` ends the wait."""
     long = dict(long)
     offer.keep = {p for p in long if p in offer.partners}
+    call_s = max(deadline_s, extend_max_s) if extend is not None else deadline_s
     dialed = {
-        p: asyncio.ensure_future(client.dial(offer, p, long.get(p, deadline_s)))
+        p: asyncio.ensure_future(client.dial(offer, p, long.get(p, call_s)))
         for p in offer.partners
         if dials(me, p)
     }
@@ -70,9 +75,13 @@ async def exchange_offer(
     waits = [f for p, f in futures.items() if p not in offer.keep]
     done = False
     try:
-        if waits:
-            await asyncio.wait(waits, timeout=deadline_s)
-        running_late = [p for p, f in futures.items() if p not in offer.keep and not f.done()]
+        await _all_or_cut(waits, deadline_s, board.cut)
+        extend = None if board.cut.is_set() else extend  # stopping: nothing outlives it
+        running_late = {
+            p: offer.declared_long.get(p, 0)
+            for p, f in futures.items()
+            if p not in offer.keep and not f.done()
+        }
         if running_late and extend is not None:
             more = {p: s for p, s in (await extend(running_late)).items() if p in running_late}
             long.update(more)
@@ -97,6 +106,24 @@ async def exchange_offer(
         for p in offer.keep
     }
     return outcomes, flights
+
+
+async def _all_or_cut(
+    waits: list[asyncio.Future[Outcome]], timeout_s: float, cut: asyncio.Event
+) -> None:
+    """Until every one of ``waits`` is done, ``timeout_s`` passed, or ``cut`` is set."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    cutting = asyncio.ensure_future(cut.wait())
+    pending: set[asyncio.Future[Any]] = set(waits)
+    try:
+        while pending and not cut.is_set() and loop.time() < end:
+            await asyncio.wait(
+                pending | {cutting}, timeout=end - loop.time(), return_when=asyncio.FIRST_COMPLETED
+            )
+            pending = {f for f in pending if not f.done()}
+    finally:
+        cutting.cancel()
 
 
 async def _long(

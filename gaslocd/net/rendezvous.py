@@ -28,8 +28,10 @@ import torch
 
 from gaslocd.net.stream import OutgoingMessage
 from gaslocd.net.validation import Refusal
+from gaslocd.protocol.plan import MAX_LONG_ROUNDS
 
 log = logging.getLogger(__name__)
+MAX_RATE_HINTS = 1024  # partners whose declared link rate is remembered
 
 
 def dials(me: str, peer: str) -> bool:
@@ -112,6 +114,13 @@ class RoundOffer:
     tasks: set[asyncio.Future[ExchangeResult]] = field(default_factory=set)  # running accepts
     peer_tasks: dict[str, asyncio.Future[ExchangeResult]] = field(default_factory=dict)
     keep: set[str] = field(default_factory=set)  # long exchanges: closing leaves them running
+    # Long exchanges in rounds, as we declare them in our header and as partners declared
+    # theirs (capped at MAX_LONG_ROUNDS): either end may see the link as too slow first.
+    long_rounds: dict[str, int] = field(default_factory=dict)
+    declared_long: dict[str, int] = field(default_factory=dict)
+    own_rate: float = 0.0  # our link's rate (bytes/s), declared in our header
+    # Partners' declared link rates: the server's one dict, kept across rounds.
+    rate_hints: dict[str, float] = field(default_factory=dict)
     opened_at: float = 0.0  # loop time
 
     def __post_init__(self) -> None:
@@ -133,6 +142,17 @@ class RoundOffer:
             return self.buffers.pop()
         return torch.empty(self.message.numel, dtype=torch.float32)
 
+    def declared(self, peer: str, long_rounds: int, rate: float) -> None:
+        """Note what ``peer``'s header declared: a long exchange of so many rounds, and
+        its link's rate (a partner of ours, authenticated: at worst it lies about its own
+        link and gets coarser θ̃ from us)."""
+        if long_rounds > 0:
+            self.declared_long[peer] = min(long_rounds, MAX_LONG_ROUNDS)
+        if rate > 0 and math.isfinite(rate):
+            if peer not in self.rate_hints and len(self.rate_hints) >= MAX_RATE_HINTS:
+                self.rate_hints.clear()  # peers come and go: forget them all, relearn
+            self.rate_hints[peer] = rate
+
     def resolve(self, peer: str, outcome: Outcome) -> None:
         fut = self.outcomes.get(peer)
         if fut is not None and not fut.done():
@@ -152,6 +172,9 @@ class RoundBoard:
         # Closed offers that keep long exchanges: their partner may still call (late).
         self.lingering: dict[int, RoundOffer] = {}
         self._changed = asyncio.Event()
+        # Set when the daemon is stopping and its time is up: exchanges end as if at their
+        # deadline, so the round closes and the checkpoint still fits the stop budget.
+        self.cut = asyncio.Event()
 
     @property
     def latest_round(self) -> int | None:

@@ -12,16 +12,14 @@ daemon's choice — install it in the process entry point, not on import)::
     await server.open_round(r, theta_tilde, {peer_id: "host:port", ...}, codec="bf16",
                             feedback=bank, roster_digest=digest)  # or codec={p: "q4", ...}
     outcomes = await server.exchange_round(r, deadline_s)  # {peer_id: result or failure}
-    # outcomes[p].ok → .theta (validated θ̃_p, float32), .transfer_s, .bytes_*, .codec*
-    # not ok → .reason ("deadline", "unavailable", "refused:<why>", "rejected:<why>", ...)
+    # .ok → .theta (validated θ̃_p, float32) ...; else .reason ("deadline", "refused:…")
     await server.stop(grace_s)
 
-``open_round`` publishes the offer at once, so a partner that finished its local steps
-first can already stream (its call waits, bounded, until we open). ``exchange_round``
-dials the partners we dial (:func:`~gaslocd.net.rendezvous.dials`), waits for the others'
-calls, and returns when every partner has an outcome or the deadline passed (a dead or
-late partner costs at most ``deadline_s``), with nothing of the round still running, so
-θ̃ may change then, and not between ``open_round`` and the end of ``exchange_round``.
+``open_round`` publishes the offer at once: a partner done first can stream (its call
+waits, bounded, until we open). ``exchange_round`` dials the partners we dial
+(:func:`~gaslocd.net.rendezvous.dials`), waits for the others' calls, and returns when
+each partner has an outcome or the deadline passed (a dead or late partner costs at most
+``deadline_s``; :meth:`cut_rounds` ends it sooner), with nothing of the round running.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -53,7 +51,7 @@ from gaslocd.net.rendezvous import (
     RoundOffer,
 )
 from gaslocd.net.security import server_credentials, server_options
-from gaslocd.net.state import StateProvider, StateSource, send_state
+from gaslocd.net.state import StateProvider, StateSource, StatusProvider, send_state
 from gaslocd.net.stream import (
     PEER_GONE,
     Receiver,
@@ -76,9 +74,6 @@ from gaslocd.net.validation import (
 )
 
 log = logging.getLogger(__name__)
-
-
-StatusProvider = Callable[[], Mapping[str, object]]
 
 
 class ExchangeServer:
@@ -109,6 +104,7 @@ class ExchangeServer:
         self._status_provider: StatusProvider | None = None
         self._ready = ReadyBook()
         self._long: dict[int, LongFlights] = {}
+        self.rate_hints: dict[str, float] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -143,6 +139,11 @@ class ExchangeServer:
         self._server, self.port = server, bound
         log.info("serving %s on %s:%d (tls=%s)", self.me.peer_id, host, bound, self.config.tls)
         return bound
+
+    def cut_rounds(self) -> None:
+        """End the round's exchanges now and every later one at once (a stop's time is up)."""
+        if self._board is not None:
+            self._board.cut.set()
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """Refuse new calls, give running ones ``grace_s``, close channels and threads."""
@@ -190,14 +191,17 @@ class ExchangeServer:
         feedback: ErrorFeedback | FeedbackBank | None = None,
         roster_digest: bytes = b"",
         receive_buffers: Sequence[torch.Tensor] = (),
+        long_rounds: Mapping[str, int] | None = None,
+        own_rate: float = 0.0,
     ) -> None:
         """Offer ``theta_tilde`` (flat float32, CPU) for round ``round_`` to ``partners``.
 
         ``codec``: one name, or one per partner (:func:`~gaslocd.net.stream.round_messages`).
         ``feedback`` (lossy codecs; a :class:`FeedbackBank` for several) advances once per
         round and codec. ``receive_buffers`` (float32, our numel) are reused for incoming
-        θ̃; one that ends up in a failed exchange holds garbage. Opening a round closes the
-        previous one.
+        θ̃; one that ends up in a failed exchange holds garbage. ``long_rounds`` (peer →
+        rounds of a long exchange) and ``own_rate`` (our link, bytes/s) go in our headers;
+        partners' rates land in :attr:`rate_hints`. Opening a round closes the previous one.
         """
         if self._board is None or self._executor is None:
             raise RuntimeError("call start() first")
@@ -210,6 +214,8 @@ class ExchangeServer:
             round_, message, dict(partners), roster_digest, norm, list(receive_buffers), by_peer
         )
         offer.opened_at = loop.time()
+        offer.long_rounds = {p: k for p, k in (long_rounds or {}).items() if p in partners}
+        offer.own_rate, offer.rate_hints = own_rate, self.rate_hints
         self._board.open(offer)
         self.client.learn_addresses(partners)
 
@@ -219,17 +225,17 @@ class ExchangeServer:
         deadline_s: float,
         long: Mapping[str, float] | None = None,
         extend: Extend | None = None,
+        extend_max_s: float = 0.0,
     ) -> dict[str, Outcome]:
         """Exchange with every partner of the open round ``round_``; see the module doc.
         ``long``: partners whose exchange may outlive the round (peer → its deadline, s);
-        their outcomes come from :meth:`take_long`, not from here. ``extend``: see
-        :func:`~gaslocd.net.flights.exchange_offer`."""
+        their outcomes come from :meth:`take_long`, not from here. ``extend``,
+        ``extend_max_s``: see :func:`~gaslocd.net.flights.exchange_offer`."""
         board, client = self._board, self._client
         if board is None or client is None or board.offer is None or board.offer.round != round_:
             raise ValueError(f"round {round_} is not open (open_round first)")
-        outcomes, flights = await exchange_offer(
-            board, client, self.me.peer_id, board.offer, deadline_s, long or {}, self.stats, extend
-        )
+        how = (deadline_s, long or {}, self.stats, extend, extend_max_s)
+        outcomes, flights = await exchange_offer(board, client, self.me.peer_id, board.offer, *how)
         if flights:
             self._long[round_] = flights
         return outcomes
@@ -315,6 +321,7 @@ class ExchangeServer:
         assert self._executor is not None
         loop = asyncio.get_running_loop()
         codec = check_payload(self.config, header, offer.message.numel, offer.roster_digest)
+        offer.declared(header.sender, header.long_rounds, float(header.link_bytes_per_s))
         t_header = loop.time()
         out = offer.take_buffer()
         receiver = Receiver(

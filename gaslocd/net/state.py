@@ -142,6 +142,7 @@ def check_ranges(tensors: Mapping[str, torch.Tensor]) -> None:
 
 
 StateProvider = Callable[[], PeerState | Awaitable[PeerState]]
+StatusProvider = Callable[[], Mapping[str, object]]  # extra fields of a Status reply
 
 
 class StateSource:

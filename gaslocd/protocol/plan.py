@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from gaslocd.algorithm.hpolicy import choose_inner_steps, target_round_time
 from gaslocd.algorithm.topology import RoundPlan, plan_round, roster_digest
@@ -25,6 +25,9 @@ STATE_FETCH = "state-fetch"  # the link estimate key of a newcomer's state fetch
 FIRST_DEADLINE_S = 60.0
 MIN_DEADLINE_S = 10.0
 EWMA = 0.3  # weight of the newest measurement
+# The most rounds a long exchange may span: a slow link's k stays well under it, and a
+# partner's header claiming more (a hostile insider's) is cut to it.
+MAX_LONG_ROUNDS = 8
 
 
 def ewma(old: float | None, new: float) -> float:
@@ -95,7 +98,11 @@ class RoundSetup:
 
     def long_deadline_s(self, partner: str) -> float:
         """How long a long exchange may take: its rounds of T, with room for jitter."""
-        return self.deadline_s + 1.5 * self.long.get(partner, 1) * (self.target_round_s or 0.0)
+        return self.kept_s(self.long.get(partner, 1))
+
+    def kept_s(self, rounds: int) -> float:
+        """How long an exchange kept open for ``rounds`` rounds may take."""
+        return self.deadline_s + 1.5 * rounds * (self.target_round_s or 0.0)
 
 
 def active_roster(records: Sequence[PeerRecord], round_: int) -> list[PeerRecord]:
@@ -136,11 +143,19 @@ def plan_links(
         choice = choose_codec(ladder, numel, min(rates) if rates else None, budget_s)
         codecs[q.peer_id] = choice.codec
         if overlap and not choice.fits and choice.transfer_s is not None:
-            long[q.peer_id] = max(2, math.ceil(choice.transfer_s / budget_s))
+            long[q.peer_id] = min(max(2, math.ceil(choice.transfer_s / budget_s)), MAX_LONG_ROUNDS)
     mine = own if own_rate is None else own_rate
     slow = mine > 0 and transfer_s(ladder[-1], numel, mine) > budget_s
     free_from = round_ + max(long.values()) if long and slow else 0
     return LinkPlan(codecs, long, free_from)
+
+
+def _hinted(record: PeerRecord, hints: Mapping[str, float] | None) -> PeerRecord:
+    hint = (hints or {}).get(record.peer_id, 0.0)
+    rate = record.bandwidth_bytes_per_s
+    if hint > 0 and (rate <= 0 or hint < rate):
+        return replace(record, bandwidth_bytes_per_s=hint)
+    return record
 
 
 def typical_transfer_s(records: Sequence[PeerRecord], message_bytes: int) -> float:
@@ -174,10 +189,13 @@ def plan_this_round(
     *,
     ladder: Sequence[str] = (),
     numel: int = 0,
+    rate_hints: Mapping[str, float] | None = None,
 ) -> RoundSetup:
     """Roster → partners → H → deadline → codec per link for ``round_`` (docs/design.md
     §1 and §3). ``ladder``: the codecs a link may step down to (empty: always the
-    configured one); ``numel``: the model's size, for their message sizes."""
+    configured one); ``numel``: the model's size, for their message sizes; ``rate_hints``:
+    partners' rates as their headers declared them, used when lower than their records
+    (a slow peer publishes over the link it saturates: its record can be stale)."""
     active = active_roster(records, round_)
     by_id = {r.peer_id: r for r in active}
     ids = sorted(by_id)
@@ -209,7 +227,7 @@ def plan_this_round(
     if len(ladder) > 1 and target is not None and partners:
         budget = target - (0.0 if algo.overlap else algo.h_min * (links.step_time_s or 0.0))
         mine = next((r for r in records if r.peer_id == me), None)
-        ends = (mine, [by_id[q] for q in partners], links.known_own_rate())
+        ends = (mine, [_hinted(by_id[q], rate_hints) for q in partners], links.known_own_rate())
         links_plan = plan_links(round_, *ends, ladder, numel, budget, algo.overlap)
     return RoundSetup(
         round=round_,

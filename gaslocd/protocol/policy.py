@@ -247,9 +247,17 @@ class RoundPolicy:
             return 0.0  # truly alone: nobody to keep pace with
         return max(0.0, min(setup.target_round_s - elapsed_s, setup.target_round_s))
 
-    def should_resync(self, setup: RoundSetup, exchanged: int) -> bool:
-        """Count rounds with partners and no exchange; True when it is time to resync."""
-        if not setup.partners or exchanged:
+    def should_resync(self, setup: RoundSetup, exchanged: int, long_failed: int = 0) -> bool:
+        """Count rounds with partners and no exchange; True when it is time to resync.
+
+        Long exchanges count when they end, rounds later: the caller adds those that
+        landed to ``exchanged`` and those dropped to ``long_failed``. A round whose
+        partners are all long has nothing to fail yet; counting it failed would resync a
+        peer whose only fault is a slow link, by a state fetch over that link. Dropped
+        ones count (refused for drifting beyond the norm bound, only a resync helps)."""
+        if all(p in setup.long for p in setup.partners) and not exchanged and not long_failed:
+            return False
+        if (not setup.partners and not long_failed) or exchanged:
             self.failed_rounds = 0
             return False
         self.failed_rounds += 1

@@ -135,13 +135,18 @@ def test_a_link_too_slow_for_a_round_sits_out_and_its_long_exchanges_land(
     themselves. (How much time each spends where is bench/stragglers_net.py's to say.)"""
     with netns.NetLab(4, rate_mbit=[200, 200, 200, 1.0]) as lab:
         extra = ("--min-peers", "4", "--overlap", "--eval-every", "0", "--inner-steps", "20")
-        daemons = _start(lab, 4, reaper, *extra)
+        # Info logs: a failure then shows why each exchange failed, at every end.
+        daemons = _start(lab, 4, reaper, *extra, "--log-level", "INFO")
         slow, fast = daemons[3], daemons[:3]
-        slow.wait_for(r"sitting out of the pairings until round \d+", 300)
-        slow.wait_for(r"long \+1", 240)  # a long exchange landed and mixed at the slow end
-        for d in fast:
-            for _ in range(3):
-                d.wait_for(r"exchanged 1/1", 120)
+        try:
+            slow.wait_for(r"sitting out of the pairings until round \d+", 300)
+            slow.wait_for(r"long \+1", 240)  # a long exchange landed and mixed at the slow end
+            for d in fast:
+                for _ in range(3):
+                    d.wait_for(r"exchanged 1/1", 120)
+        except AssertionError as failed:
+            others = "".join(f"\n--- {d.name}:\n" + "\n".join(d.lines[-25:]) for d in daemons)
+            raise AssertionError(f"{failed}\n{others}") from None
         for d in daemons:
             d.signal(signal.SIGTERM)
         for d in daemons:

@@ -9,14 +9,23 @@ import asyncio
 import pytest
 import torch
 from test_link_codecs import _servers, _theta
+from testkeys import auth_for
+from wire_peer import FINGERPRINT, RUN_ID, theta_of
+from wire_raw import data_messages, header, raw_exchange
 
+from gaslocd.config import WireConfig
+from gaslocd.net.frames import frame_header
 from gaslocd.net.rendezvous import ExchangeFailure, ExchangeResult
+from gaslocd.net.server import ExchangeServer
+from gaslocd.net.validation import Identity
+from gaslocd.protocol.plan import MAX_LONG_ROUNDS
 
 pytestmark = pytest.mark.net
 
 A, B, C = "peer-a", "peer-b", "peer-c"  # a dials b and c (the smaller id dials)
 Z = "peer-0"  # dials a
 FP32 = ("fp32",)
+NUMEL, CHUNK = 50_000, 1 << 16
 
 
 def _address(servers: dict, peer: str) -> str:  # type: ignore[type-arg]
@@ -80,3 +89,61 @@ def test_a_long_exchange_past_its_own_deadline_fails_and_a_stop_ends_one_in_flig
             assert isinstance(await asyncio.wait_for(flight, 10), ExchangeFailure)
 
     asyncio.run(main())
+
+
+async def _declared_long(long_rounds: int) -> tuple[dict[str, int], object, object, object]:
+    """A partner (a raw client) whose header declares its exchange long by
+    ``long_rounds`` rounds (and its link at 1000 × that B/s), and whose data comes only
+    after our round's deadline: what our ``extend`` was told, our round's outcomes, how
+    the kept exchange ended, and the link rates partners declared."""
+    srv = ExchangeServer(
+        WireConfig(token="tok"),
+        Identity(RUN_ID, "b-srv", FINGERPRINT),
+        auth=auth_for(RUN_ID, "b-srv", "tok"),
+    )
+    await srv.start("127.0.0.1", 0)
+    theta_a, theta_b = theta_of("a-evil", NUMEL, 0), theta_of("b-srv", NUMEL, 0)
+    told: dict[str, int] = {}
+    deadline_passed = asyncio.Event()
+
+    async def extend(running: dict[str, int]) -> dict[str, float]:
+        told.update(running)
+        deadline_passed.set()
+        return {p: 30.0 for p, k in running.items() if k > 0}
+
+    try:
+        await srv.open_round(1, theta_b, {"a-evil": "127.0.0.1:1"})
+        rate = 1000 * long_rounds
+        head = frame_header(header(NUMEL, CHUNK, long_rounds=long_rounds, link_bytes_per_s=rate))
+        client = asyncio.ensure_future(
+            raw_exchange(
+                f"127.0.0.1:{srv.port}",
+                [head, *data_messages(theta_a, CHUNK)],
+                gate=deadline_passed,
+            )
+        )
+        outcomes = await srv.exchange_round(1, 3.0, {}, extend, 30.0)
+        flights = srv.take_long(1)
+        kept = await asyncio.wait_for(flights["a-evil"], 30) if flights else None
+        await asyncio.wait_for(client, 30)
+        return told, outcomes, kept, dict(srv.rate_hints)
+    finally:
+        await srv.stop(0.5)
+
+
+def test_a_partner_that_declares_its_exchange_long_in_its_header_is_kept_past_the_deadline() -> (
+    None
+):
+    """Records can be stale at one end (a slow peer's DHT publish starves on its own link),
+    so the ends may plan a link differently: the header says so, and the other end keeps
+    the stream instead of cutting it at its deadline; the θ̃ lands intact."""
+    told, outcomes, kept, rates = asyncio.run(_declared_long(3))
+    assert told == {"a-evil": 3} and outcomes == {} and rates == {"a-evil": 3000.0}
+    assert isinstance(kept, ExchangeResult), kept
+    torch.testing.assert_close(kept.theta, theta_of("a-evil", NUMEL, 0))
+    # Declaring nothing: cut at the deadline as before. A hostile claim: capped.
+    told, outcomes, kept, rates = asyncio.run(_declared_long(0))
+    assert told == {"a-evil": 0} and kept is None and rates == {}  # 0: unknown, not kept
+    assert isinstance(outcomes["a-evil"], ExchangeFailure), outcomes
+    told, _, _, _ = asyncio.run(_declared_long(10_000))
+    assert told == {"a-evil": MAX_LONG_ROUNDS}

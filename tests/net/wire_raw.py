@@ -72,8 +72,10 @@ async def raw_exchange(
     credentials: grpc.ChannelCredentials | None = None,
     target: str = "b-srv",
     metadata: Metadata | None = None,
+    gate: asyncio.Event | None = None,
 ) -> RawResult:
-    """Send ``messages`` as one Exchange call and read the replies; the call's status."""
+    """Send ``messages`` as one Exchange call and read the replies; the call's status.
+    ``gate``: the messages after the first (the header) wait for it to be set."""
     if metadata is None:
         metadata = credentials_for(messages, target)
     opts = [("grpc.max_receive_message_length", 8 << 20)]
@@ -85,7 +87,9 @@ async def raw_exchange(
         call = channel.stream_stream(EXCHANGE)(timeout=timeout_s, metadata=metadata)
 
         async def send() -> None:
-            for m in messages:
+            for i, m in enumerate(messages):
+                if i == 1 and gate is not None:
+                    await gate.wait()
                 await call.write(m)
             if hang_after_send:
                 await asyncio.sleep(3600)  # a peer that stops mid-stream but keeps the socket

@@ -4,6 +4,7 @@ methods, so what is proven here holds for both drivers (docs/design.md §2)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -146,6 +147,31 @@ def test_resync_after_consecutive_failed_rounds_with_partners() -> None:
     policy.should_resync(setup, 1)
     policy.should_resync(alone, 0)
     assert not any(policy.should_resync(setup, 0) for _ in range(RESYNC_AFTER_FAILED_ROUNDS - 1))
+
+
+def test_rounds_whose_partners_are_all_long_never_count_as_failed() -> None:
+    """A slow link's long exchanges land rounds later: those rounds are not failures (a
+    resync would fetch the state over that same slow link)."""
+    policy = RoundPolicy("a", record_ttl_s=15.0, h_upper=40)
+    setup = _setup()
+    partner = next(iter(setup.partners))
+    long_only = replace(setup, long={partner: 3})
+    assert not any(
+        policy.should_resync(long_only, 0) for _ in range(3 * RESYNC_AFTER_FAILED_ROUNDS)
+    )
+    # Nor do they hide real failures: regular rounds still count, across long ones.
+    policy.should_resync(setup, 0)
+    policy.should_resync(long_only, 0)
+    policy.should_resync(setup, 0)
+    assert policy.should_resync(setup, 0)
+    # A long exchange that ended dropped (refused: drifted too far) is a failed round,
+    # in a round of long partners or in one without any (sitting out).
+    alone = _setup("a", [_rec("a")])
+    assert [
+        policy.should_resync(long_only, 0, long_failed=1),
+        policy.should_resync(alone, 0, long_failed=1),
+        policy.should_resync(long_only, 0, long_failed=1),
+    ] == [False] * (RESYNC_AFTER_FAILED_ROUNDS - 1) + [True]
 
 
 def test_resync_asks_typical_peers_first_not_the_most_advanced() -> None:

@@ -13,7 +13,13 @@ import pytest
 
 from gaslocd.config import AlgoConfig
 from gaslocd.protocol.linkcodec import codec_ladder, transfer_s
-from gaslocd.protocol.plan import STATE_FETCH, LinkEstimates, plan_links, plan_this_round
+from gaslocd.protocol.plan import (
+    MAX_LONG_ROUNDS,
+    STATE_FETCH,
+    LinkEstimates,
+    plan_links,
+    plan_this_round,
+)
 from gaslocd.protocol.policy import RoundPolicy
 from tests.protocol.records import record
 
@@ -118,3 +124,23 @@ def test_nobody_paces_on_a_peer_that_sits_out() -> None:
     assert policy.behind(10, records) == []
     late = [record("a", 10), record("b", 10), record("s", 6, free_from=9)]
     assert [r.peer_id for r in policy.behind(10, late)] == ["s"]
+
+
+def test_a_partners_declared_rate_overrides_its_stale_record_and_k_is_capped() -> None:
+    """A slow peer publishes over the link it saturates, so its record can still show
+    the fast rate it once had: the rate its last header declared sizes the link."""
+    records = [record(p, 5, bandwidth=1e9) for p in ("a", "b")]  # b's record: stale, fast
+    algo = AlgoConfig(topology="1peer", inner_steps=10, adapt_h=True, overlap=True)
+    links = LinkEstimates()
+    links.record_step_time(0.5)
+    args = (algo, "run", "a", 5, records, links, 2 * NUMEL, None)
+    stale = plan_this_round(*args, ladder=LADDER, numel=NUMEL)
+    assert stale.codecs["b"] == "fp16" and not stale.long
+    hinted = plan_this_round(*args, ladder=LADDER, numel=NUMEL, rate_hints={"b": 5e5})
+    k = math.ceil(transfer_s("q4", NUMEL, 5e5) / (hinted.target_round_s or 0))
+    assert hinted.codecs["b"] == "q4" and hinted.long == {"b": k} and k > 1  # as b plans it
+    assert hinted.free_from == 0  # its link is the slow one, not ours: we stay in
+    higher = plan_this_round(*args, ladder=LADDER, numel=NUMEL, rate_hints={"b": 2e9})
+    assert higher.codecs["b"] == "fp16"  # the lower of the two sizes the link
+    crawl = plan_this_round(*args, ladder=LADDER, numel=NUMEL, rate_hints={"b": 1.0})
+    assert crawl.long == {"b": MAX_LONG_ROUNDS}  # a claimed crawl keeps ours 8 rounds at most

@@ -29,7 +29,7 @@ class Refusal(_message.Message):
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ExchangeHeader(_message.Message):
-    __slots__ = ("run_id", "round", "sender", "roster_digest", "fingerprint", "codec", "numel", "encoded_nbytes", "chunk_bytes")
+    __slots__ = ("run_id", "round", "sender", "roster_digest", "fingerprint", "codec", "numel", "encoded_nbytes", "chunk_bytes", "long_rounds", "link_bytes_per_s")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,8 @@ class ExchangeHeader(_message.Message):
     NUMEL_FIELD_NUMBER: _ClassVar[int]
     ENCODED_NBYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LONG_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    LINK_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     sender: str
@@ -48,7 +50,9 @@ class ExchangeHeader(_message.Message):
     numel: int
     encoded_nbytes: int
     chunk_bytes: int
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., roster_digest: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., codec: _Optional[str] = ..., numel: _Optional[int] = ..., encoded_nbytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    long_rounds: int
+    link_bytes_per_s: int
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., roster_digest: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., codec: _Optional[str] = ..., numel: _Optional[int] = ..., encoded_nbytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., long_rounds: _Optional[int] = ..., link_bytes_per_s: _Optional[int] = ...) -> None: ...
 
 class StateRequest(_message.Message):
     __slots__ = ("run_id", "sender", "fingerprint")
