@@ -360,7 +360,7 @@ class DaemonConfig:
     record_ttl_s: float = 15.0
     join_lead_rounds: int = 2
     summary_json: str | None = None
-    shutdown_grace_s: float = 30.0
+    stop_timeout_s: float = 60.0  # SIGTERM to exit: the supervisor's grace (signals.py)
 
     @property
     def announce_host(self) -> str | None:
@@ -416,4 +416,4 @@ class DaemonConfig:
             f"({self.heartbeat_s} s) or records expire between refreshes",
         )
         _check(self.join_lead_rounds >= 1, "join lead must be >= 1 round")
-        _positive("shutdown grace (s)", self.shutdown_grace_s)
+        _positive("stop timeout (s)", self.stop_timeout_s)

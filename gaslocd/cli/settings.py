@@ -226,6 +226,10 @@ SETTINGS: tuple[Setting, ...] = (
     _S("metrics_host", v.text_value, "127.0.0.1", "address the metrics listen on (0.0.0.0: "
        "all interfaces, for a scraper elsewhere)", DAEMONS, _STATE,
        fields=("daemon.metrics_host",)),
+    _S("stop_timeout", v.number, 60.0, "seconds from SIGTERM to exit that the supervisor "
+       "allows (docker's stop_grace_period): the round's exchange is cut short to leave "
+       "room for the final checkpoint", DAEMONS, _STATE, fields=("daemon.stop_timeout_s",),
+       metavar="S"),
     _S("address_file", v.text_value, None, "write the bootstrap address(es) of this daemon to "
        "this file", DAEMONS, _STATE, fields=("daemon.address_file",)),
     _S("max_rounds", v.integer, 0, "stop after this round (0: run until stopped)", DAEMONS,

@@ -7,7 +7,9 @@ signals, the gRPC server and channels, the heartbeat and the metrics; inner step
 one training thread (:class:`~gaslocd.daemon.worker.TrainingThread`).
 
 The first SIGTERM or Ctrl-C stops training after the current step, finishes that round's
-exchange within its deadline, writes the checkpoint and withdraws the peer record. A
+exchange within its deadline and the stop budget (``--stop-timeout``, less what the
+checkpoint needs: :class:`~gaslocd.daemon.signals.StopBudget`), writes the checkpoint and
+withdraws the peer record. A
 second one abandons whatever is in progress — the round, or the final checkpoint (its
 write is atomic, so the previous checkpoint stays whole) — and exits promptly. The
 signal handlers that were installed before the daemon ran are restored when it returns.
@@ -29,6 +31,7 @@ import uvloop
 
 from gaslocd import __version__
 from gaslocd.config import AlgoConfig, DaemonConfig, TrainConfig, WireConfig
+from gaslocd.daemon import signals
 from gaslocd.daemon.checkpoints import prepare as prepare_checkpoints
 from gaslocd.daemon.driver import RoundDriver
 from gaslocd.daemon.membership import Membership, StartupError
@@ -36,14 +39,7 @@ from gaslocd.daemon.metrics import DaemonMetrics
 from gaslocd.daemon.mixing import AllReduceMixer, GossipMixer, Mixer
 from gaslocd.daemon.report import RunLog
 from gaslocd.daemon.runtime import Runtime, call_auth
-from gaslocd.daemon.signals import (
-    SIGNALS,
-    Hurry,
-    current_handlers,
-    hurry,
-    restore_handlers,
-    set_handlers,
-)
+from gaslocd.daemon.signals import StopBudget
 from gaslocd.daemon.telemetry import Telemetry
 from gaslocd.daemon.worker import TrainingThread
 from gaslocd.net.allreduce import AllReduceFailed, HivemindAllReduce
@@ -90,6 +86,7 @@ class Daemon:
         self._force = asyncio.Event()
         self._shutting_down = False
         self._late_signal = False
+        self.budget = StopBudget(daemon.stop_timeout_s, 0)  # sized once the model is built
         self._main: asyncio.Task[Any] | None = None
         self.rt: Runtime | None = None
 
@@ -130,7 +127,7 @@ class Daemon:
         except (DiscoveryError, AllReduceFailed) as exc:
             self.discovery.shutdown()
             raise StartupError(str(exc)) from exc
-        previous = current_handlers()
+        previous = signals.current_handlers()
         try:
             self.me = self.discovery.peer_id
             worker_index = worker_index_for(self.me)
@@ -156,7 +153,7 @@ class Daemon:
             return uvloop.run(self._main_coroutine())
         finally:
             self._stop_children()
-            restore_handlers(previous)
+            signals.restore_handlers(previous)
 
     def _stop_children(self) -> None:
         """Stop the averager and DHT processes; a signal meanwhile makes it a kill.
@@ -164,16 +161,16 @@ class Daemon:
         The event loop's handlers are gone by now, so without this a signal in the few
         seconds a graceful child stop can take would kill the daemon with the default
         action instead of exiting 0."""
-        set_handlers(hurry)
+        signals.set_handlers(signals.hurry)
         try:
             if self._late_signal:
-                raise Hurry
+                raise signals.Hurry
             if self.allreduce is not None:
                 self.allreduce.shutdown()
             self.discovery.shutdown()
-        except Hurry:
+        except signals.Hurry:
             log.warning("signal while stopping the DHT: killing it")
-            set_handlers(signal.SIG_IGN)
+            signals.set_handlers(signal.SIG_IGN)
             if self.allreduce is not None:
                 self.allreduce.shutdown(quick=True)
             self.discovery.shutdown(quick=True)
@@ -211,9 +208,12 @@ class Daemon:
         self._main = asyncio.current_task()
         self._force = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in SIGNALS:
+        for sig in signals.SIGNALS:
             loop.add_signal_handler(sig, self._on_signal)
         self.rt = rt = self._build_runtime()
+        self.budget = StopBudget(self.cfg.stop_timeout_s, 4 * rt.state.numel)
+        if why := self.budget.too_short(self.cfg.exchange_deadline_s):
+            log.warning(why)
         started = False
         try:
             await self._startup()
@@ -236,15 +236,17 @@ class Daemon:
             # the default action (remove_signal_handler installs SIG_DFL: a signal then
             # kills with -15), and never raising inside the closing loop, which breaks it.
             # The loop finds its entries already replaced when it closes and leaves them.
-            set_handlers(self._note_late_signal)
+            signals.set_handlers(self._note_late_signal)
 
     def _on_signal(self) -> None:
         self._signals += 1
         assert self.rt is not None
         if self._signals == 1:
+            cut = self.budget.signalled(asyncio.get_running_loop().time())
+            asyncio.get_running_loop().call_later(cut, self.rt.server.cut_rounds)
             self.progress(
-                "stopping: finishing this round's exchange, then checkpoint and leave "
-                "(again to force)"
+                f"stopping: finishing this round's exchange (for {cut:.0f} s at most), then "
+                "checkpoint and leave (again to force)"
             )
             self.rt.stopping = True
             self.rt.thread.stop.set()
@@ -348,8 +350,9 @@ class Daemon:
         directory.mkdir(parents=True, exist_ok=True)
         extra = {"run_id": self.cfg.run_id, "peer_id": self.me, "saved_at": time.time()}
         extra[SPEC_KEY] = self._spec.to_extra()  # what `gaslocd export` rebuilds the model from
-        keep = self.cfg.keep_checkpoints
+        keep, began = self.cfg.keep_checkpoints, time.monotonic()
         path = await self._runtime().thread.call(self.state.save, directory, extra, keep)
+        self.budget.measured(time.monotonic() - began)
         log.info("checkpoint of round %d written to %s", self.state.round, path)
 
     # -- shutdown ------------------------------------------------------------------------
@@ -365,11 +368,12 @@ class Daemon:
         for task in list(rt.tasks):
             task.cancel()
         await asyncio.gather(*rt.tasks, return_exceptions=True)
+        timeout_s = self.budget.checkpoint_timeout_s(asyncio.get_running_loop().time())
         if (
             started
             and self.cfg.checkpoint_dir
             and not self._force.is_set()
-            and not await self._unless_forced(self._checkpoint(), self.cfg.shutdown_grace_s)
+            and not await self._unless_forced(self._checkpoint(), timeout_s)
         ):
             log.warning("final checkpoint abandoned; the previous one is kept")
         if started and not self._force.is_set():

@@ -41,3 +41,58 @@ def restore_handlers(previous: dict[signal.Signals, Handler]) -> None:
     for sig, handler in previous.items():
         with contextlib.suppress(ValueError, TypeError):  # not the main thread, or None
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+# What a stop needs after the round and its checkpoint: withdrawing the DHT record (5 s
+# at most), stopping the server (2 s), and a margin for a loaded machine.
+AFTER_CHECKPOINT_S = 10.0
+MIN_CHECKPOINT_S = 5.0
+
+
+class StopBudget:
+    """How a stop spends the time between SIGTERM and the supervisor's SIGKILL (Docker's
+    ``stop_grace_period`` / ``docker stop -t``; ``--stop-timeout`` says how long it is).
+
+    The round in progress finishes, but its exchange is cut short when waiting longer
+    would leave too little for the checkpoint: a partner that hangs until a long deadline
+    must not cost us the checkpoint. Free of the clock: callers pass ``now``.
+    """
+
+    def __init__(self, timeout_s: float, model_bytes: int) -> None:
+        self.timeout_s = timeout_s
+        # Until one is measured: θ, θ at the round start and the momentum at 50 MB/s.
+        self.checkpoint_s = 1.0 + 3 * model_bytes / 50e6
+        self.signalled_at: float | None = None
+
+    def measured(self, checkpoint_s: float) -> None:
+        self.checkpoint_s = checkpoint_s
+
+    def reserve_s(self) -> float:
+        """What the stop keeps for after the round: the checkpoint (1.5× its last time)
+        and the rest of the shutdown."""
+        return 1.5 * self.checkpoint_s + AFTER_CHECKPOINT_S
+
+    def signalled(self, now: float) -> float:
+        """The stop begins at ``now``: seconds until the round's exchange is cut."""
+        self.signalled_at = now
+        return max(0.0, self.timeout_s - self.reserve_s())
+
+    def checkpoint_timeout_s(self, now: float) -> float:
+        """How long the final checkpoint may take from ``now`` (never under 5 s: a
+        checkpoint cut short is worth less than a few seconds past the budget)."""
+        if self.signalled_at is None:
+            return max(MIN_CHECKPOINT_S, self.timeout_s - AFTER_CHECKPOINT_S)
+        left = self.signalled_at + self.timeout_s - now - AFTER_CHECKPOINT_S
+        return max(MIN_CHECKPOINT_S, left)
+
+    def too_short(self, deadline_s: float | None) -> str | None:
+        """A warning when a round's exchange may outlast the budget (None: it fits)."""
+        if deadline_s is None or deadline_s + self.reserve_s() <= self.timeout_s:
+            return None
+        need = deadline_s + self.reserve_s()
+        return (
+            f"--stop-timeout {self.timeout_s:g} s is less than the exchange deadline "
+            f"({deadline_s:g} s) plus the checkpoint and shutdown (~{self.reserve_s():.0f} s): "
+            f"a stop will cut its round's exchange short; give the daemon {need:.0f} s "
+            "(docker: --stop-timeout / stop_grace_period) to let it finish"
+        )

@@ -4,6 +4,7 @@ half-written checkpoint behind."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from gaslocd.cli import main
-from tests.daemon.procs import start_first
+from tests.daemon.procs import FAST_FLAGS, Daemon, start_first
 
 pytestmark = [pytest.mark.net, pytest.mark.slow]
 
@@ -58,3 +59,30 @@ def test_a_second_signal_exits_promptly_and_keeps_a_whole_checkpoint(
     if when == "at once":  # a daemon's checkpoint records its model: it can be exported
         assert main(["export", str(ckpt), "--out", str(tmp_path / "model")]) == 0
         assert (tmp_path / "model" / "model.safetensors").stat().st_size > 0
+
+
+def test_a_stop_cuts_an_exchange_that_would_outlast_its_budget_and_still_checkpoints(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    """A partner frozen mid-run (SIGSTOP: its sockets stay open, nothing answers) would
+    hold our exchange until its 120 s deadline, past what a supervisor gives a stop before
+    SIGKILL. With --stop-timeout 20 the stop cuts that exchange so that the checkpoint
+    still fits: the daemon exits 0, well before the deadline, with its checkpoint."""
+    ckpt = tmp_path / "ck"
+    common = ["--exchange-deadline", "120", "--min-peers", "2"]
+    mine = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1", "--stop-timeout", "20"]
+    first, address = start_first(tmp_path, reaper, *common, *mine)
+    other = Daemon(["join", *FAST_FLAGS, "--bootstrap", address, *common], reaper, "w1")
+    # The start-up says at once that this budget cannot wait out such a deadline.
+    assert first.find(r"--stop-timeout 20 s is less than the exchange deadline \(120 s\)")
+    first.wait_for(r"exchanged 1/1", 180)
+    os.kill(other.proc.pid, signal.SIGSTOP)
+    try:
+        first.signal(signal.SIGTERM)
+        cut = float(first.wait_for(r"^stopping: .*for (\d+) s at most", 30).group(1))
+        assert 0 < cut < 20
+        assert first.finish(60) == 0, first.output()  # not the 120 s deadline
+    finally:
+        os.kill(other.proc.pid, signal.SIGCONT)
+    saved = torch.load(ckpt / "checkpoint.pt", weights_only=True)
+    assert saved["round"] >= 1 and torch.isfinite(saved["theta"]).all()
