@@ -70,6 +70,7 @@ class RoundDriver:
         records = await self.membership.roster()
         rt.policy.observe_roster(rt.clock(), records)
         t = self._catch_up(rt.state.round, records)
+        rt.server.board.at(t)  # callers count rounds ahead from ours, offer or not
         records, paced = await self._pace(t, records)
         rt.spawn(self.membership.publish())  # peers pace and catch up on our current round
         acct.add("fill", paced[1])

@@ -243,7 +243,7 @@ class Daemon:
         assert self.rt is not None
         if self._signals == 1:
             cut = self.budget.signalled(asyncio.get_running_loop().time())
-            asyncio.get_running_loop().call_later(cut, self.rt.server.cut_rounds)
+            asyncio.get_running_loop().call_later(cut, self.rt.server.board.cut.set)
             self.progress(
                 f"stopping: finishing this round's exchange (for {cut:.0f} s at most), then "
                 "checkpoint and leave (again to force)"

@@ -64,11 +64,7 @@ async def exchange_offer(
     long = dict(long)
     offer.keep = {p for p in long if p in offer.partners}
     call_s = max(deadline_s, extend_max_s) if extend is not None else deadline_s
-    dialed = {
-        p: asyncio.ensure_future(client.dial(offer, p, long.get(p, call_s)))
-        for p in offer.partners
-        if dials(me, p)
-    }
+    dialed = _dial_all(client, me, offer, long, call_s)
     futures: dict[str, asyncio.Future[Outcome]] = {
         p: dialed.get(p) or offer.outcomes[p] for p in offer.partners
     }
@@ -106,6 +102,39 @@ async def exchange_offer(
         for p in offer.keep
     }
     return outcomes, flights
+
+
+def _dial_all(
+    client: PeerClient, me: str, offer: RoundOffer, long: Mapping[str, float], call_s: float
+) -> dict[str, asyncio.Future[Outcome]]:
+    """Our calls to the partners we dial (a long one retried while it is not there yet)."""
+    return {
+        p: asyncio.ensure_future(
+            _dial_until(client, offer, p, long[p]) if p in long else client.dial(offer, p, call_s)
+        )
+        for p in offer.partners
+        if dials(me, p)
+    }
+
+
+# A long exchange's partner may not be at its round yet (it runs behind, or was sitting
+# out): these refusals of our call are retried until the exchange's own deadline.
+NOT_THERE_YET = frozenset({"refused:future-round", "refused:timeout"})
+RETRY_S = 1.0
+
+
+async def _dial_until(
+    client: PeerClient, offer: RoundOffer, peer: str, deadline_s: float
+) -> Outcome:
+    """A long exchange's dial, again while the partner has not reached its round."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while True:
+        outcome = await client.dial(offer, peer, max(RETRY_S, end - loop.time()))
+        again = isinstance(outcome, ExchangeFailure) and outcome.reason in NOT_THERE_YET
+        if not again or end - loop.time() < 2 * RETRY_S:
+            return outcome
+        await asyncio.sleep(RETRY_S)  # a retry's pause, not a wait for an event
 
 
 async def _all_or_cut(

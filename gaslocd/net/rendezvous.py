@@ -175,10 +175,21 @@ class RoundBoard:
         # Set when the daemon is stopping and its time is up: exchanges end as if at their
         # deadline, so the round closes and the checkpoint still fits the stop budget.
         self.cut = asyncio.Event()
+        # Our round, offer or not (a round without partners, sitting out, opens none): a
+        # caller's "too far ahead" counts from it, not from the last round we offered.
+        self.current: int | None = None
 
     @property
     def latest_round(self) -> int | None:
         return None if self.offer is None else self.offer.round
+
+    def at(self, round_: int) -> None:
+        """We are in ``round_`` now (whether or not we open it)."""
+        self.current = round_ if self.current is None else max(self.current, round_)
+
+    def _ahead_of(self) -> int | None:
+        rounds = [r for r in (self.latest_round, self.current) if r is not None]
+        return max(rounds, default=None)
 
     def open(self, offer: RoundOffer) -> None:
         latest = self.latest_round
@@ -231,12 +242,11 @@ class RoundBoard:
             if kept is not None and sender in kept.keep:  # a long exchange's late call
                 return self._claim_in(kept, sender, closed_ok=True)
             if offer is not None:
+                ours = self._ahead_of() or offer.round
                 if round_ < offer.round:
                     raise Refusal("stale-round", f"round {round_} < our round {offer.round}")
-                if round_ > offer.round + self.round_lead:
-                    raise Refusal(
-                        "future-round", f"round {round_} is too far ahead of {offer.round}"
-                    )
+                if round_ > ours + self.round_lead:
+                    raise Refusal("future-round", f"round {round_} is too far ahead of {ours}")
                 if round_ == offer.round:
                     return self._claim_in(offer, sender)
             remaining = deadline - loop.time()

@@ -6,9 +6,7 @@ daemon's choice — install it in the process entry point, not on import)::
     auth = CallAuth(run_id, token, peer_id, private_key, discovery.public_key_of)
     server = ExchangeServer(WireConfig(...), Identity(run_id, peer_id, fp), auth=auth)
     port = await server.start("0.0.0.0", 0)          # bound port; files (TLS) read here
-    server.set_state_provider(lambda: PeerState(...)) # for newcomers' GetState
-    server.set_status_provider(lambda: {...})         # extra fields for Status
-    # every round:
+    server.board.at(r)  # every round: ours, then (with partners) open and exchange it
     await server.open_round(r, theta_tilde, {peer_id: "host:port", ...}, codec="bf16",
                             feedback=bank, roster_digest=digest)  # or codec={p: "q4", ...}
     outcomes = await server.exchange_round(r, deadline_s)  # {peer_id: result or failure}
@@ -19,7 +17,7 @@ daemon's choice — install it in the process entry point, not on import)::
 waits, bounded, until we open). ``exchange_round`` dials the partners we dial
 (:func:`~gaslocd.net.rendezvous.dials`), waits for the others' calls, and returns when
 each partner has an outcome or the deadline passed (a dead or late partner costs at most
-``deadline_s``; :meth:`cut_rounds` ends it sooner), with nothing of the round running.
+``deadline_s``; ``board.cut`` ends it sooner), with nothing of the round running.
 """
 
 from __future__ import annotations
@@ -140,10 +138,12 @@ class ExchangeServer:
         log.info("serving %s on %s:%d (tls=%s)", self.me.peer_id, host, bound, self.config.tls)
         return bound
 
-    def cut_rounds(self) -> None:
-        """End the round's exchanges now and every later one at once (a stop's time is up)."""
-        if self._board is not None:
-            self._board.cut.set()
+    @property
+    def board(self) -> RoundBoard:
+        """The rounds' rendezvous: ``at(t)`` our round, ``cut.set()`` ends exchanges now."""
+        if self._board is None:
+            raise RuntimeError("call start() first")
+        return self._board
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """Refuse new calls, give running ones ``grace_s``, close channels and threads."""

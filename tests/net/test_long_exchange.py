@@ -147,3 +147,31 @@ def test_a_partner_that_declares_its_exchange_long_in_its_header_is_kept_past_th
     assert isinstance(outcomes["a-evil"], ExchangeFailure), outcomes
     told, _, _, _ = asyncio.run(_declared_long(10_000))
     assert told == {"a-evil": MAX_LONG_ROUNDS}
+
+
+def test_a_long_exchange_calls_again_while_its_partner_has_not_reached_the_round() -> None:
+    """The partner of a long exchange may run rounds behind (it sat out, or its slow link
+    delays its rounds): our call is refused as too far ahead, and retried until the
+    exchange's own deadline rather than dropped."""
+
+    async def main() -> None:
+        async with _servers({A: FP32, B: FP32, C: FP32}) as s:
+            a, b = s[A], s[B]
+            await b.open_round(1, _theta(B), {C: _address(s, C)})  # b is at round 1
+            await a.open_round(5, _theta(A), {B: _address(s, B)})
+            assert await a.exchange_round(5, 1.0, long={B: 30.0}) == {}
+            flight = a.take_long(5)[B]
+            deadline = asyncio.get_running_loop().time() + 20
+            while not b.stats.rejected["future-round"]:  # our first call was refused
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)  # polling a counter, bounded above
+            assert not flight.done()
+            theta_b = _theta(B) + 1e-3
+            await b.open_round(5, theta_b, {A: _address(s, A)})  # b reaches round 5
+            out_b = await asyncio.wait_for(b.exchange_round(5, 10.0), 20)
+            landed = await asyncio.wait_for(flight, 20)
+            assert isinstance(landed, ExchangeResult), landed
+            torch.testing.assert_close(landed.theta, theta_b)
+            assert isinstance(out_b[A], ExchangeResult)
+
+    asyncio.run(main())

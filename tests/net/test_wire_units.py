@@ -169,6 +169,29 @@ def test_claims() -> None:
     run(scenario())
 
 
+def test_a_round_we_sat_out_counts_for_how_far_ahead_a_caller_may_be() -> None:
+    """A peer sitting out opens no offer for those rounds; its partner of the round it
+    rejoins must wait for that round to open, not be refused as too far ahead of the
+    last round it offered."""
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            board = RoundBoard("m", round_lead=2)
+            board.open(_offer(10, {"a": "x"}, pool))  # a long exchange, then 3 rounds out
+            with pytest.raises(Refusal, match="too far ahead of 10"):
+                await board.claim(14, "a", 1.0)
+            board.at(13)  # the rounds were ours all the same
+            waiter = asyncio.ensure_future(board.claim(14, "a", timeout_s=5))
+            await asyncio.sleep(0)
+            assert not waiter.done()
+            board.open(_offer(14, {"a": "x"}, pool))
+            assert (await waiter).round == 14
+            with pytest.raises(Refusal, match="too far ahead of 14"):
+                await board.claim(17, "a", 1.0)
+
+    run(scenario())
+
+
 # -- streams ---------------------------------------------------------------------------
 
 
