@@ -9,7 +9,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,15 +55,6 @@ def _start(
         for i in range(1, n)
     ]
     return [first, *rest]
-
-
-def _wait_any(daemons: list[NsDaemon], text: str, timeout_s: float) -> None:
-    """Until a line of any of ``daemons`` contains ``text`` (polled, bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while not any(text in line for d in daemons for line in list(d.lines)):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no line with {text!r} in {timeout_s} s")
-        time.sleep(0.2)  # polling the collected lines, bounded by the deadline above
 
 
 def _consensus(d: Daemon, after: int = 0) -> list[float]:
@@ -144,7 +134,7 @@ def test_a_link_too_slow_for_a_round_sits_out_and_its_long_exchanges_land(
     well under one, so an exchange spans several rounds (on a loaded machine more than
     the two a caller may run ahead: the partner of the round it rejoins must still be
     waited for, and called again). Under --overlap it announces that it sits out of the
-    pairings, its long exchanges land and mix at both ends, and the others go on
+    pairings, its long exchanges land and mix, and the others go on
     exchanging among themselves. (How much time each spends where is
     bench/stragglers_net.py's to say.)"""
     with netns.NetLab(4, rate_mbit=[200, 200, 200, 1.0]) as lab:
@@ -158,7 +148,8 @@ def test_a_link_too_slow_for_a_round_sits_out_and_its_long_exchanges_land(
             for d in fast:
                 for _ in range(3):
                     d.wait_for(r"exchanged 1/1", 120)
-            _wait_any(fast, "long +", 240)  # and at a fast end
+            # (At the fast end the same exchange may have been planned as a regular one
+            # and mixed within its own round: no "long +" is required there.)
         except AssertionError as failed:
             others = "".join(f"\n--- {d.name}:\n" + "\n".join(d.lines[-25:]) for d in daemons)
             raise AssertionError(f"{failed}\n{others}") from None
