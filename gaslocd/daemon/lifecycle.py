@@ -86,7 +86,6 @@ class Daemon:
         self._force = asyncio.Event()
         self._shutting_down = False
         self._late_signal = False
-        self.budget = StopBudget(daemon.stop_timeout_s, 0)  # sized once the model is built
         self._main: asyncio.Task[Any] | None = None
         self.rt: Runtime | None = None
 
@@ -102,6 +101,9 @@ class Daemon:
         numel = count_parameters(
             self.train.model, vocab_size=corpus.vocab_size, seq_len=self.train.seq_len
         )
+        self.budget = StopBudget(self.cfg.stop_timeout_s, 4 * numel)
+        if why := self.budget.too_short(self.cfg.exchange_deadline_s):
+            log.warning(why)
         self.discovery = Discovery(
             self.cfg.run_id,
             initial_peers=self.cfg.bootstrap,
@@ -211,9 +213,6 @@ class Daemon:
         for sig in signals.SIGNALS:
             loop.add_signal_handler(sig, self._on_signal)
         self.rt = rt = self._build_runtime()
-        self.budget = StopBudget(self.cfg.stop_timeout_s, 4 * rt.state.numel)
-        if why := self.budget.too_short(self.cfg.exchange_deadline_s):
-            log.warning(why)
         started = False
         try:
             await self._startup()
@@ -242,8 +241,9 @@ class Daemon:
         self._signals += 1
         assert self.rt is not None
         if self._signals == 1:
-            cut = self.budget.signalled(asyncio.get_running_loop().time())
-            asyncio.get_running_loop().call_later(cut, self.rt.server.board.cut.set)
+            loop = asyncio.get_running_loop()
+            cut = self.budget.signalled(loop.time())
+            loop.call_later(cut, self.rt.server.board.cut.set)
             self.progress(
                 f"stopping: finishing this round's exchange (for {cut:.0f} s at most), then "
                 "checkpoint and leave (again to force)"

@@ -80,16 +80,14 @@ class StopBudget:
     def checkpoint_timeout_s(self, now: float) -> float:
         """How long the final checkpoint may take from ``now`` (never under 5 s: a
         checkpoint cut short is worth less than a few seconds past the budget)."""
-        if self.signalled_at is None:
-            return max(MIN_CHECKPOINT_S, self.timeout_s - AFTER_CHECKPOINT_S)
-        left = self.signalled_at + self.timeout_s - now - AFTER_CHECKPOINT_S
-        return max(MIN_CHECKPOINT_S, left)
+        began = now if self.signalled_at is None else self.signalled_at
+        return max(MIN_CHECKPOINT_S, began + self.timeout_s - now - AFTER_CHECKPOINT_S)
 
     def too_short(self, deadline_s: float | None) -> str | None:
         """A warning when a round's exchange may outlast the budget (None: it fits)."""
-        if deadline_s is None or deadline_s + self.reserve_s() <= self.timeout_s:
+        need = None if deadline_s is None else deadline_s + self.reserve_s()
+        if need is None or need <= self.timeout_s:
             return None
-        need = deadline_s + self.reserve_s()
         return (
             f"--stop-timeout {self.timeout_s:g} s is less than the exchange deadline "
             f"({deadline_s:g} s) plus the checkpoint and shutdown (~{self.reserve_s():.0f} s): "

@@ -187,10 +187,6 @@ class RoundBoard:
         """We are in ``round_`` now (whether or not we open it)."""
         self.current = round_ if self.current is None else max(self.current, round_)
 
-    def _ahead_of(self) -> int | None:
-        rounds = [r for r in (self.latest_round, self.current) if r is not None]
-        return max(rounds, default=None)
-
     def open(self, offer: RoundOffer) -> None:
         latest = self.latest_round
         if latest is not None and offer.round <= latest:
@@ -242,7 +238,7 @@ class RoundBoard:
             if kept is not None and sender in kept.keep:  # a long exchange's late call
                 return self._claim_in(kept, sender, closed_ok=True)
             if offer is not None:
-                ours = self._ahead_of() or offer.round
+                ours = offer.round if self.current is None else max(offer.round, self.current)
                 if round_ < offer.round:
                     raise Refusal("stale-round", f"round {round_} < our round {offer.round}")
                 if round_ > ours + self.round_lead:
