@@ -332,19 +332,19 @@ QUICK = replace(
     seeds=(0,),
 )
 
-# The re-run with the daemon's round (issue "one protocol, two clocks"): 8 workers, H=30,
-# seed 0; GASLoC (1peer, 2peer; fixed and adaptive H) against DiLoCo, without a straggler
-# and with one at 10% / 20% bandwidth. About 11 runs, 20-30 min on one core.
+# The re-run with the daemon's round (issue "one protocol, two clocks"): the H=30 grid
+# (8 and 16 workers on seeds 0 and 1, 32 workers on seed 0) and the straggler scenarios
+# (8 workers, 10% / 20% bandwidth, seeds 0 and 1), GASLoC (fixed and adaptive H), DiLoCo and
+# Local-DAdam. 36 runs, about 50 min with --jobs 2 on two cores.
 SHARED = replace(
     FULL,
     name="shared",
-    workers=(8,),
-    single_seed_workers=(),
-    seeds=(0,),
     methods=(
         "GASLoC-1peer",
         "GASLoC-2peer",
         "DiLoCo",
+        "Local-DAdam-2peer",
+        "Local-DAdam-1peer",
         "GASLoC-1peer +adapt-H",
         "GASLoC-2peer +adapt-H",
     ),
