@@ -23,6 +23,7 @@ RANK = {
     "sim": 6,
     "daemon": 7,
     "cli": 8,
+    "peer": 9,  # the library API: a daemon around the user's loop, configured as the CLI does
 }
 # net moves and checks tensors without mixing them; it may read the protocol's record
 # type but not its rules. train holds worker state and takes the outer step, but plans

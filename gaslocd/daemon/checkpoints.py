@@ -16,8 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gaslocd.config import DaemonConfig
-from gaslocd.train.checkpoint import older_copies
-from gaslocd.train.worker import CHECKPOINT_NAME
+from gaslocd.train.checkpoint import CHECKPOINT_NAME, older_copies
 
 
 def checkpoints_in(directory: Path, keep: int) -> list[Path]:

@@ -267,6 +267,6 @@ class RoundDriver:
         rt = self.rt
         due = rt.cfg.eval_every and rt.state.round % rt.cfg.eval_every == 0
         last = rt.cfg.max_rounds and rt.state.round >= rt.cfg.max_rounds
-        if due or last or rt.stopping:
+        if (due or last or rt.stopping) and rt.state.trainer.evaluates:
             return await rt.thread.call(rt.state.evaluate)
         return None

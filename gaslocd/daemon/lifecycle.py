@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -49,11 +48,11 @@ from gaslocd.net.server import ExchangeServer
 from gaslocd.net.state import PeerState
 from gaslocd.net.validation import Identity, WireStats
 from gaslocd.protocol.policy import RoundPolicy
-from gaslocd.train.checkpoint import CheckpointError
+from gaslocd.train.checkpoint import CheckpointError, checkpoint_worker_index
 from gaslocd.train.data import load_corpus
 from gaslocd.train.export import SPEC_KEY, ModelSpec
 from gaslocd.train.model import count_parameters
-from gaslocd.train.worker import Worker, checkpoint_worker_index, worker_index_for
+from gaslocd.train.worker import Worker, worker_index_for
 
 __all__ = ["EXIT_OK", "EXIT_STARTUP", "Daemon", "StartupError"]
 
@@ -74,7 +73,10 @@ class Daemon:
         *,
         role: str,
         progress: Callable[[str], None] = print,
+        worker: Worker | None = None,
     ) -> None:
+        """``worker``: the library API's worker around a user's model (its loop trains; the
+        daemon then runs on the caller's thread of choice and leaves signals alone)."""
         if role not in ("start", "join"):
             raise ValueError(f"role must be start or join, got {role!r}")
         if role == "join" and not daemon.bootstrap:
@@ -87,23 +89,68 @@ class Daemon:
         self._shutting_down = False
         self._late_signal = False
         self._main: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_asked = False
         self.rt: Runtime | None = None
+        self.embedded = worker is not None
+        if worker is not None:
+            self.state = worker
 
     # -- entry point ---------------------------------------------------------------------
 
     def run(self) -> int:
         """Start the child processes, then the event loop; returns the exit status."""
+        self.prepare()
+        return self.serve()
+
+    def prepare(self) -> None:
+        """The checkpoint folder, the model and the DHT (and averager) processes: before
+        any event loop, gRPC object or training thread exists (a fork copies those)."""
         self.cfg, note = prepare_checkpoints(self.cfg)
         if note:
             self.progress(note)
-        corpus = load_corpus(self.train.data)
-        self._spec = ModelSpec(self.train.model, corpus.vocab_size, self.train.seq_len)
-        numel = count_parameters(
-            self.train.model, vocab_size=corpus.vocab_size, seq_len=self.train.seq_len
-        )
+        corpus, self._spec = None, None
+        if self.embedded:
+            numel = self.state.numel
+        else:
+            corpus = load_corpus(self.train.data)
+            self._spec = ModelSpec(self.train.model, corpus.vocab_size, self.train.seq_len)
+            numel = count_parameters(
+                self.train.model, vocab_size=corpus.vocab_size, seq_len=self.train.seq_len
+            )
         self.budget = StopBudget(self.cfg.stop_timeout_s, 4 * numel)
         if why := self.budget.too_short(self.cfg.exchange_deadline_s):
             log.warning(why)
+        self._start_children(numel)
+        try:
+            self.me = self.discovery.peer_id
+            if corpus is not None:
+                index = worker_index_for(self.me)
+                if self.cfg.resume and self.cfg.checkpoint_dir:
+                    index = checkpoint_worker_index(Path(self.cfg.checkpoint_dir)) or index
+                self.state = Worker(self.train, corpus, index)
+            self.metrics = DaemonMetrics(
+                self.stats,
+                peer_id=self.me,
+                run_id=self.cfg.run_id,
+                settings={
+                    "algo": self.algo.algo,
+                    "topology": self.algo.topology,
+                    "codec": self.cfg.codec,
+                    "model": self.train.model,
+                    "device": str(self.state.device),
+                    "precision": self.state.trainer.precision,
+                },
+            )
+            self.telemetry = Telemetry(self.metrics, RunLog(self.me), self.stats)
+        except BaseException:
+            previous = signals.current_handlers()
+            signals.stop_children(self.discovery, self.allreduce, self._late_signal)
+            signals.restore_handlers(previous)
+            raise
+
+    def _start_children(self, numel: int) -> None:
+        """The DHT process (and DiLoCo's averager): a failure is a StartupError."""
         self.discovery = Discovery(
             self.cfg.run_id,
             initial_peers=self.cfg.bootstrap,
@@ -129,53 +176,22 @@ class Daemon:
         except (DiscoveryError, AllReduceFailed) as exc:
             self.discovery.shutdown()
             raise StartupError(str(exc)) from exc
+
+    def serve(self) -> int:
+        """The event loop, until the run ends or a stop; then the children stop."""
         previous = signals.current_handlers()
         try:
-            self.me = self.discovery.peer_id
-            worker_index = worker_index_for(self.me)
-            if self.cfg.resume and self.cfg.checkpoint_dir:
-                worker_index = (
-                    checkpoint_worker_index(Path(self.cfg.checkpoint_dir)) or worker_index
-                )
-            self.state = Worker(self.train, corpus, worker_index)
-            self.metrics = DaemonMetrics(
-                self.stats,
-                peer_id=self.me,
-                run_id=self.cfg.run_id,
-                settings={
-                    "algo": self.algo.algo,
-                    "topology": self.algo.topology,
-                    "codec": self.cfg.codec,
-                    "model": self.train.model,
-                    "device": str(self.state.device),
-                    "precision": self.state.trainer.precision,
-                },
-            )
-            self.telemetry = Telemetry(self.metrics, RunLog(self.me), self.stats)
             return uvloop.run(self._main_coroutine())
         finally:
-            self._stop_children()
+            signals.stop_children(self.discovery, self.allreduce, self._late_signal)
             signals.restore_handlers(previous)
 
-    def _stop_children(self) -> None:
-        """Stop the averager and DHT processes; a signal meanwhile makes it a kill.
-
-        The event loop's handlers are gone by now, so without this a signal in the few
-        seconds a graceful child stop can take would kill the daemon with the default
-        action instead of exiting 0."""
-        signals.set_handlers(signals.hurry)
-        try:
-            if self._late_signal:
-                raise signals.Hurry
-            if self.allreduce is not None:
-                self.allreduce.shutdown()
-            self.discovery.shutdown()
-        except signals.Hurry:
-            log.warning("signal while stopping the DHT: killing it")
-            signals.set_handlers(signal.SIG_IGN)
-            if self.allreduce is not None:
-                self.allreduce.shutdown(quick=True)
-            self.discovery.shutdown(quick=True)
+    def request_stop(self) -> None:
+        """Stop as at a first signal, from any thread (the library API's close)."""
+        self._stop_asked = True
+        loop = self._loop
+        if loop is not None and self.rt is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._on_signal)
 
     def _build_runtime(self) -> Runtime:
         me = Identity(self.cfg.run_id, self.me, self.state.fingerprint)
@@ -209,10 +225,12 @@ class Daemon:
     async def _main_coroutine(self) -> int:
         self._main = asyncio.current_task()
         self._force = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in signals.SIGNALS:
+        self._loop = loop = asyncio.get_running_loop()
+        for sig in signals.SIGNALS if not self.embedded else ():
             loop.add_signal_handler(sig, self._on_signal)
         self.rt = rt = self._build_runtime()
+        if self._stop_asked:
+            self._on_signal()
         started = False
         try:
             await self._startup()
@@ -349,7 +367,8 @@ class Daemon:
         directory = Path(self.cfg.checkpoint_dir or ".")
         directory.mkdir(parents=True, exist_ok=True)
         extra = {"run_id": self.cfg.run_id, "peer_id": self.me, "saved_at": time.time()}
-        extra[SPEC_KEY] = self._spec.to_extra()  # what `gaslocd export` rebuilds the model from
+        if self._spec is not None:  # what `gaslocd export` rebuilds the model from
+            extra[SPEC_KEY] = self._spec.to_extra()
         keep, began = self.cfg.keep_checkpoints, time.monotonic()
         path = await self._runtime().thread.call(self.state.save, directory, extra, keep)
         self.budget.measured(time.monotonic() - began)
@@ -373,11 +392,11 @@ class Daemon:
             started
             and self.cfg.checkpoint_dir
             and not self._force.is_set()
-            and not await self._unless_forced(self._checkpoint(), timeout_s)
+            and not await signals.unless_forced(self._force, self._checkpoint(), timeout_s)
         ):
             log.warning("final checkpoint abandoned; the previous one is kept")
         if started and not self._force.is_set():
-            await self._unless_forced(self.discovery.withdraw(), 5.0)
+            await signals.unless_forced(self._force, self.discovery.withdraw(), 5.0)
         await rt.server.stop(0.5 if self._force.is_set() else 2.0)
         self.metrics.stop()
         rt.thread.shutdown(wait=not self._force.is_set())
@@ -386,29 +405,6 @@ class Daemon:
             runlog.write_summary(Path(self.cfg.summary_json), self._summary_args(), self.stats)
         if started:
             self.progress(runlog.closing_line(self.stats))
-
-    async def _unless_forced(self, coro: Any, timeout_s: float) -> bool:
-        """Run ``coro`` for at most ``timeout_s``; give up at once on a second signal.
-
-        Shielded from the main task's cancellation (a second signal cancels it): the
-        force event is what ends the wait, so the rest of the shutdown still runs."""
-        job = asyncio.ensure_future(coro)
-        force = asyncio.ensure_future(self._force.wait())
-        try:
-            done, _ = await asyncio.shield(
-                asyncio.wait({job, force}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-            )
-        except asyncio.CancelledError:
-            done = set()
-        finally:
-            force.cancel()
-        if job not in done:
-            job.cancel()
-            return False
-        if job.exception() is not None:
-            log.error("shutdown step failed: %s", job.exception())
-            return False
-        return True
 
     def _summary_args(self) -> dict[str, Any]:
         return {

@@ -8,11 +8,15 @@ program had.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 Handler = Callable[[int, FrameType | None], Any] | int | None
@@ -94,3 +98,48 @@ class StopBudget:
             f"a stop will cut its round's exchange short; give the daemon {need:.0f} s "
             "(docker: --stop-timeout / stop_grace_period) to let it finish"
         )
+
+
+def stop_children(discovery: Any, allreduce: Any | None, late_signal: bool) -> None:
+    """Stop the averager and DHT processes; a signal meanwhile makes it a kill.
+
+    The event loop's handlers are gone by now, so without this a signal in the few
+    seconds a graceful child stop can take would kill the daemon with the default
+    action instead of exiting 0."""
+    children = [c for c in (allreduce, discovery) if c is not None]
+    set_handlers(hurry)
+    try:
+        if late_signal:
+            raise Hurry
+        for child in children:
+            child.shutdown()
+    except Hurry:
+        log.warning("signal while stopping the DHT: killing it")
+        set_handlers(signal.SIG_IGN)
+        for child in children:
+            child.shutdown(quick=True)
+
+
+async def unless_forced(force: asyncio.Event, coro: Any, timeout_s: float) -> bool:
+    """Run ``coro`` for at most ``timeout_s``; give up at once when ``force`` is set (a
+    second signal).
+
+    Shielded from the main task's cancellation (a second signal cancels it): the
+    force event is what ends the wait, so the rest of the shutdown still runs."""
+    job = asyncio.ensure_future(coro)
+    forced = asyncio.ensure_future(force.wait())
+    try:
+        done, _ = await asyncio.shield(
+            asyncio.wait({job, forced}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        )
+    except asyncio.CancelledError:
+        done = set()
+    finally:
+        forced.cancel()
+    if job not in done:
+        job.cancel()
+        return False
+    if job.exception() is not None:
+        log.error("shutdown step failed: %s", job.exception())
+        return False
+    return True

@@ -24,9 +24,9 @@ from gaslocd.config import AlgoConfig, SimConfig, TrainConfig, WireConfig
 from gaslocd.net.memory import EdgeFault, InMemoryTransport
 from gaslocd.sim.clock import SimClock
 from gaslocd.sim.schedule import RoundState, Schedule, network_model, worker_roster
-from gaslocd.train.data import Corpus, load_corpus
+from gaslocd.train.data import Corpus, held_out_batches, load_corpus
 from gaslocd.train.device import on_host
-from gaslocd.train.worker import Worker, held_out_batches
+from gaslocd.train.worker import Worker
 
 log = logging.getLogger(__name__)
 

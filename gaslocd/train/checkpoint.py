@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+CHECKPOINT_NAME = "checkpoint.pt"  # in a daemon's --checkpoint-dir
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -203,3 +205,16 @@ def load_checkpoint(
             f"this model's is {expected_fingerprint!r}"
         )
     return payload
+
+
+def checkpoint_worker_index(directory: Path) -> int | None:
+    """The data-stream index saved in a checkpoint, so a resumed daemon keeps its stream."""
+    path = Path(directory) / CHECKPOINT_NAME
+    if not path.is_file():
+        return None
+    try:  # mmap: only the small dict is read here, not the model-sized tensors
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a damaged file: restore() reports it properly
+        return None
+    index = payload.get("extra", {}).get("worker_index") if isinstance(payload, dict) else None
+    return int(index) if isinstance(index, int) else None

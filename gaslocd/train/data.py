@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from gaslocd.config import TrainConfig
+
 log = logging.getLogger(__name__)
 
 VAL_FRACTION_DENOMINATOR = 20  # the last 1/20 = 5% of each document is held out
@@ -308,3 +310,14 @@ def fixed_batches(
         _windows(tokens, torch.randint(0, high, (batch_size,), generator=generator), seq_len)
         for _ in range(n)
     ]
+
+
+def held_out_batches(corpus: Corpus, train: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The validation batches every worker of a run evaluates on (same seed: same batches)."""
+    return fixed_batches(
+        corpus.val,
+        batch_size=train.batch_size,
+        seq_len=train.seq_len,
+        n=train.eval_batches,
+        seed=train.seed,
+    )

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -56,12 +56,36 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
     return cfg.lr_floor + (1.0 - cfg.lr_floor) * decay
 
 
+class Trainer(Protocol):
+    """What a :class:`~gaslocd.train.worker.Worker` asks of whoever runs the inner steps:
+    gaslocd's own loop (:class:`InnerTrainer`) or a user's
+    (:class:`~gaslocd.train.external.UserLoop`)."""
+
+    steps_done: int
+    last_step_s: float | None
+    precision: str
+    evaluates: bool  # has a validation loss to report
+
+    @property
+    def tokens_per_step(self) -> int: ...
+
+    def train_steps(self, n: int, should_stop: Callable[[], bool] | None = None) -> list[float]: ...
+
+    def evaluate(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 class InnerTrainer:
     """AdamW with linear warmup then a constant rate, gradient clipping, and a resumable state.
 
     Weight decay applies to matrices (≥2-D: projections, the tied embedding) only; decaying
     norm gains towards 0 would fight the normalisation they exist to scale.
     """
+
+    evaluates = True
 
     def __init__(
         self, model: nn.Module, flat: FlatParameters, sampler: BatchSampler, cfg: TrainConfig

@@ -20,31 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from gaslocd.algorithm.outer import mix, outer_step_, pairwise_consensus
 from gaslocd.algorithm.robust import ClipReport, TrustConfig, TrustRadius, all_finite, distance
 from gaslocd.config import OuterConfig, TrainConfig
-from gaslocd.train.checkpoint import build_payload, load_newest, save_checkpoint
-from gaslocd.train.data import BatchSampler, Corpus, fixed_batches
+from gaslocd.train.checkpoint import CHECKPOINT_NAME, build_payload, load_newest, save_checkpoint
+from gaslocd.train.data import BatchSampler, Corpus, held_out_batches
 from gaslocd.train.device import on_host, resolve_device
 from gaslocd.train.flat import FlatParameters, model_fingerprint
-from gaslocd.train.inner import InnerTrainer, NonFiniteLossError
+from gaslocd.train.inner import InnerTrainer, NonFiniteLossError, Trainer
 from gaslocd.train.model import build_model
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_NAME = "checkpoint.pt"
-
-
-def held_out_batches(corpus: Corpus, train: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The validation batches every worker of a run evaluates on (same seed: same batches)."""
-    return fixed_batches(
-        corpus.val,
-        batch_size=train.batch_size,
-        seq_len=train.seq_len,
-        n=train.eval_batches,
-        seed=train.seed,
-    )
 
 
 def worker_index_for(peer_id: str) -> int:
@@ -91,18 +79,14 @@ class Worker:
         eval_batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         trust: TrustConfig | None = None,
     ) -> None:
-        self.train_config = train
-        self.worker_index = worker_index
-        self.device = resolve_device(train.device)
         model = build_model(
             train.model,
             vocab_size=corpus.vocab_size,
             seq_len=train.seq_len,
             seed=train.seed,
-            device=self.device,
+            device=resolve_device(train.device),
         )
-        self.fingerprint = model_fingerprint(model, train.model)
-        self.flat = FlatParameters(model)
+        flat = FlatParameters(model)
         sampler = BatchSampler(
             corpus.train,
             batch_size=train.batch_size,
@@ -110,10 +94,45 @@ class Worker:
             seed=train.seed,
             worker=worker_index,
         )
-        self.trainer = InnerTrainer(model, self.flat, sampler, train)
-        self.eval_batches = (
-            eval_batches if eval_batches is not None else held_out_batches(corpus, train)
+        self._setup(
+            train, worker_index, model, flat, InnerTrainer(model, flat, sampler, train), trust
         )
+        if eval_batches is None:
+            eval_batches = held_out_batches(corpus, train)
+        self.eval_batches = eval_batches
+
+    @classmethod
+    def around(
+        cls,
+        model: nn.Module,
+        make_trainer: Callable[[FlatParameters], Trainer],
+        train: TrainConfig,
+        trust: TrustConfig | None = None,
+    ) -> Worker:
+        """A worker around a model someone else trains (the library API's
+        :class:`~gaslocd.train.external.UserLoop`): same θ, m, outer step and checkpoint
+        code as a daemon's, with the model's own device and initial values."""
+        self = cls.__new__(cls)
+        flat = FlatParameters(model)
+        self._setup(train, 0, model, flat, make_trainer(flat), trust)
+        return self
+
+    def _setup(
+        self,
+        train: TrainConfig,
+        worker_index: int,
+        model: nn.Module,
+        flat: FlatParameters,
+        trainer: Trainer,
+        trust: TrustConfig | None = None,
+    ) -> None:
+        self.train_config = train
+        self.worker_index = worker_index
+        self.device = flat.flat.device
+        self.fingerprint = model_fingerprint(model, train.model)
+        self.flat = flat
+        self.trainer = trainer
+        self.eval_batches = []
         self.momentum = torch.zeros_like(self.flat.flat)
         self.theta_start = self.flat.clone()  # θ at the start of `round`
         # Overlap (docs/design.md §1): θ̃ of the round whose exchange is still on the wire,
@@ -392,16 +411,3 @@ class Worker:
             self.trainer.load_state_dict(payload["inner"])
             self.flat.load_(self.theta_start)
         return dict(payload.get("extra", {}))
-
-
-def checkpoint_worker_index(directory: Path) -> int | None:
-    """The data-stream index saved in a checkpoint, so a resumed daemon keeps its stream."""
-    path = Path(directory) / CHECKPOINT_NAME
-    if not path.is_file():
-        return None
-    try:  # mmap: only the small dict is read here, not the model-sized tensors
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # a damaged file: restore() reports it properly
-        return None
-    index = payload.get("extra", {}).get("worker_index") if isinstance(payload, dict) else None
-    return int(index) if isinstance(index, int) else None

@@ -1,0 +1,187 @@
+"""The library API: your model, your optimizer, your loop; gaslocd's rounds.
+
+    peer = gaslocd.Peer(model, optimizer, run_id="my-run", bootstrap=[address])
+    with peer:                                   # joins the run (fetches θ if it is live)
+        for batch in my_batches():
+            loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if not peer.step(loss):              # at a round's end: exchange + outer step
+                break                            # the run is over (max_rounds)
+
+Behind :meth:`Peer.step` runs the daemon itself (:class:`gaslocd.daemon.lifecycle.Daemon`
+on a thread of its own): the same discovery, wire, checks, round driver, outer step,
+checkpoints and metrics as ``gaslocd join``; only the inner steps are the caller's
+(:class:`gaslocd.train.external.UserLoop`). Settings are the daemon's, named as in the
+TOML config file (``inner_steps``, ``topology``, ``token``, ``checkpoint_dir``...); the
+ones a user's loop owns (model, data, learning rate, precision...) are refused.
+
+One peer per process. Under ``torchrun`` data parallelism, make one process per node (or
+per data-parallel group) the peer and broadcast θ to the others after each round: the
+links inside a node are orders of magnitude faster than the internet links gaslocd is
+for, and a peer per GPU would multiply the slow traffic and the pairings for nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from gaslocd.cli.configs import algo_config, daemon_config, train_config, wire_config
+from gaslocd.cli.settings import BY_NAME, settings_of
+from gaslocd.cli.sources import resolve
+from gaslocd.daemon.lifecycle import Daemon
+from gaslocd.train.external import PeerStopped, UserLoop
+from gaslocd.train.worker import Worker
+
+__all__ = ["Peer", "PeerStopped"]
+
+log = logging.getLogger(__name__)
+
+# What a user's own loop decides: setting these on a Peer would silently do nothing.
+LOOP_OWNS = frozenset(
+    {
+        "model", "data", "seq_len", "batch_size", "inner_lr", "weight_decay",
+        "warmup_steps", "lr_schedule", "total_steps", "lr_floor", "eval_batches",
+        "device", "precision", "micro_batch", "compile", "threads", "seed",
+    }
+)  # fmt: skip
+NOT_SETTINGS = frozenset({"config", "log_level"})
+
+
+def peer_settings(command: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The daemon's settings with ``given`` on top; a clear ``ValueError`` for a name the
+    daemon lacks or the user's loop owns."""
+    known = {s.name for c in ("start", "join") for s in settings_of(c)} - LOOP_OWNS - NOT_SETTINGS
+    for name in given:
+        if name in LOOP_OWNS:
+            raise ValueError(f"{name}: your own loop sets this (the Peer never trains)")
+        if name not in known:
+            raise ValueError(f"unknown setting {name!r}; known: {', '.join(sorted(known))}")
+    lists = {n: tuple(v) for n, v in given.items() if BY_NAME[n].kind == "list"}
+    mine = {s.name for s in settings_of(command)}  # start: no bootstrap (it is empty)
+    return resolve(command, {n: v for n, v in {**given, **lists}.items() if n in mine}, env={})
+
+
+class Peer:
+    """A gaslocd peer around a model that the caller trains.
+
+    ``optimizer``: the inner optimizer (any torch optimizer), checkpointed with θ when
+    ``checkpoint_dir`` is set. ``evaluate``: a function returning a validation loss, run
+    between rounds when an evaluation is due (``eval_every``). ``model_name`` is part of
+    the model's fingerprint: peers with different names or shapes refuse each other.
+    All peers of a run must start from the same θ (seed the initialisation alike), or
+    join a live run, whose θ they fetch. ``**settings``: the daemon's (see the module).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        evaluate: Callable[[], float] | None = None,
+        tokens_per_step: int = 0,
+        model_name: str | None = None,
+        progress: Callable[[str], None] | None = None,
+        **settings: Any,
+    ) -> None:
+        command = "join" if settings.get("bootstrap") else "start"
+        resolved = peer_settings(command, settings)
+        name = model_name or f"user:{type(model).__qualname__}"
+        train = train_config({**resolved, "model": name})
+        self._thread: threading.Thread | None = None
+        self._loop = UserLoop(optimizer, evaluate, tokens_per_step, alive=self._alive)
+        self.worker = Worker.around(model, lambda _flat: self._loop, train)
+        self.daemon = Daemon(
+            daemon_config(resolved),
+            algo_config(resolved),
+            train,
+            wire_config(resolved),
+            role=command,
+            progress=progress or log.info,
+            worker=self.worker,
+        )
+        self.exit_code: int | None = None
+        self.error: BaseException | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 300.0) -> Peer:
+        """Join the run and return when the first round is open for :meth:`step`.
+
+        The DHT processes start here, on the calling thread; the daemon's event loop on a
+        thread of its own. Raises :class:`~gaslocd.daemon.membership.StartupError` or
+        :class:`PeerStopped` when the peer could not start (the reason, as ``gaslocd
+        join`` would print it), ``TimeoutError`` after ``timeout_s`` (waiting for
+        ``min_peers``, say)."""
+        if self._thread is not None:
+            raise RuntimeError("the peer is already started")
+        self.daemon.prepare()
+        self._thread = threading.Thread(target=self._serve, name="gaslocd-peer", daemon=True)
+        self._thread.start()
+        if not self._loop.wait_open(timeout_s):
+            self.close()
+            raise TimeoutError(f"no round opened within {timeout_s:.0f} s")
+        return self
+
+    def step(self, loss: float | torch.Tensor | None = None) -> bool:
+        """Call after each inner step (after ``optimizer.step()``). Inside a round it
+        returns True at once; at the round's end, when the exchange and the outer step
+        are done and the next round is open. False: the run is over (``max_rounds``) or
+        the peer was closed; stop training. A non-finite ``loss`` throws the round's
+        steps away (θ goes back to the round's start; fix the cause: your optimizer's
+        state may hold it too). Raises :class:`PeerStopped` when the peer failed."""
+        return self._loop.step(loss)
+
+    def close(self, timeout_s: float | None = None) -> int | None:
+        """Finish the round in progress (its exchange within the stop budget), write the
+        checkpoint, leave the run; returns the daemon's exit status (None: still
+        stopping after ``timeout_s``, default ``stop_timeout`` + 30 s)."""
+        self._loop.stop("the peer was closed")
+        self.daemon.request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout_s or self.daemon.cfg.stop_timeout_s + 30.0)
+        return self.exit_code
+
+    def __enter__(self) -> Peer:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- what the run did --------------------------------------------------------------------
+
+    @property
+    def round(self) -> int:
+        """The round the peer is in (rounds done, counted across the run)."""
+        return self.worker.round
+
+    @property
+    def peer_id(self) -> str:
+        return self.daemon.me
+
+    @property
+    def bootstrap(self) -> Sequence[str]:
+        """Addresses others pass as ``bootstrap`` to join this peer's run."""
+        return self.daemon.discovery.bootstrap_addresses()
+
+    def _serve(self) -> None:
+        try:
+            self.exit_code = self.daemon.serve()
+            self._loop.stop(f"the run is over (exit status {self.exit_code})")
+        except BaseException as exc:  # the user's thread gets it through PeerStopped
+            self.error = exc
+            log.error("the peer stopped: %s", exc)
+            self._loop.stop(f"the peer stopped: {exc}", failed=True)
+
+    def _alive(self) -> bool:
+        return self._thread is None or self._thread.is_alive()

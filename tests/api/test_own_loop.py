@@ -1,0 +1,119 @@
+"""The library API as a user runs it: README's own-loop example, two real processes, a real
+DHT and real gRPC on 127.0.0.1; a Hugging Face Llama trained by the user's own loop, saved
+and loaded back with ``transformers``. And the settings a Peer refuses."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.daemon.procs import Daemon, summary_rounds
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+ROUNDS = 6  # max_rounds in the example
+
+
+def readme_example() -> str:
+    """The README's python block that builds a ``gaslocd.Peer`` (run as it is written)."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    found = [b for b in blocks if "gaslocd.Peer(" in b]
+    assert len(found) == 1, "README must hold exactly one gaslocd.Peer example"
+    return found[0]
+
+
+def _flat(path: Path) -> torch.Tensor:
+    transformers = pytest.importorskip("transformers")
+    model = transformers.LlamaForCausalLM.from_pretrained(path)
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_two_peers_train_a_users_model_with_its_own_loop(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    pytest.importorskip("transformers")
+    script = tmp_path / "own_loop.py"
+    script.write_text(readme_example())
+    data = tmp_path / "data.txt"  # the user's own dataset: our sources, as bytes
+    data.write_bytes(b"".join(p.read_bytes() for p in sorted(README.parent.glob("gaslocd/*/*.py"))))
+    out = [tmp_path / "out0", tmp_path / "out1"]
+
+    def run(k: int, *bootstrap: str) -> Daemon:
+        argv = [sys.executable, str(script), str(data), str(k), str(out[k]), *bootstrap]
+        return Daemon([], reaper, f"peer{k}", command=argv)
+
+    first = run(0)
+    address = first.wait_for(r"bootstrap address: (\S+)", 180).group(1)
+    second = run(1, address)
+    for peer in (first, second):
+        assert peer.finish(300) == 0, peer.output()
+    for k, peer in enumerate((first, second)):
+        rounds = summary_rounds(Path(f"{out[k]}.json"))
+        assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1)), peer.output()
+        assert all(r["exchanged"] == 1 for r in rounds), peer.output()  # the other peer
+        assert rounds[-1]["train_loss"] < rounds[0]["train_loss"]  # the user's loop learned
+    assert "took state of round" in second.output()  # the joiner started from the first's θ
+    a, b = _flat(out[0]), _flat(out[1])
+    # Paired every round with a doubly stochastic W: the same mix and outer step at both
+    # ends, up to the fp16 wire (~1e-3 of θ) and each end's own trust radius. Trained
+    # apart, the two would differ by about the distance training moved them (~0.5 of θ).
+    assert float((a - b).norm()) < 2e-3 * float(a.norm())
+
+
+def test_settings_the_users_loop_owns_or_the_daemon_lacks_are_refused() -> None:
+    from gaslocd.peer import peer_settings
+
+    with pytest.raises(ValueError, match="inner_lr: your own loop sets this"):
+        peer_settings("start", {"inner_lr": 1e-3})
+    with pytest.raises(ValueError, match="unknown setting 'inner_step'"):
+        peer_settings("start", {"inner_step": 5})
+    resolved = peer_settings(
+        "join", {"bootstrap": ["/ip4/127.0.0.1/tcp/1/p2p/Qm"], "topology": "2peer"}
+    )
+    assert resolved["bootstrap"] == ("/ip4/127.0.0.1/tcp/1/p2p/Qm",)
+    assert resolved["topology"] == "2peer" and resolved["inner_steps"] is None  # the default
+    assert "bootstrap" not in peer_settings("start", {"bootstrap": []})
+
+
+def test_a_peer_resumes_its_round_theta_and_optimizer_from_its_checkpoint(tmp_path: Path) -> None:
+    """In this process: a Peer's daemon runs on a thread, its DHT in a child process."""
+    from gaslocd.peer import Peer
+
+    def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def train(peer: Peer, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+        steps = 0
+        with peer:
+            while True:
+                x = torch.randn(32, 8)
+                loss = (model(x) - x[:, :1]).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                steps += 1
+                if not peer.step(loss):
+                    return steps
+
+    settings = {"run_id": "resume", "port": 0, "inner_steps": 4, "checkpoint_dir": str(tmp_path)}
+    model, opt = make()
+    peer = Peer(model, opt, max_rounds=3, **settings)
+    assert train(peer, model, opt) >= 12 and peer.exit_code == 0 and peer.round == 3
+    theta = torch.cat([p.detach().flatten() for p in model.parameters()])
+    moments = opt.state_dict()["state"][0]["exp_avg"].clone()
+    model, opt = make()  # a new process would start from scratch like this
+    again = Peer(model, opt, max_rounds=5, resume=True, **settings)
+    again.start()
+    try:
+        assert again.round == 3  # where the first one stopped, θ and Adam's moments too
+        resumed = torch.cat([p.detach().flatten() for p in model.parameters()])
+        assert torch.equal(resumed, theta)
+        assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], moments)
+    finally:
+        assert again.close() == 0
