@@ -17,10 +17,13 @@ checkpoints and metrics as ``gaslocd join``; only the inner steps are the caller
 TOML config file (``inner_steps``, ``topology``, ``token``, ``checkpoint_dir``...); the
 ones a user's loop owns (model, data, learning rate, precision...) are refused.
 
-One peer per process. Under ``torchrun`` data parallelism, make one process per node (or
-per data-parallel group) the peer and broadcast θ to the others after each round: the
-links inside a node are orders of magnitude faster than the internet links gaslocd is
-for, and a peer per GPU would multiply the slow traffic and the pairings for nothing.
+One peer per node, not per GPU: under ``torchrun`` data parallelism (DDP) pass the
+replicas' process group (``replica_group=torch.distributed.group.WORLD``) and every rank
+builds a Peer; rank 0 of the group is the gaslocd peer, the others follow it (after each
+step they learn from rank 0 whether a round ended and then receive θ: one small broadcast
+a step, one model-sized one a round). The links inside a node are orders of magnitude
+faster than the internet links gaslocd is for, and a peer per GPU would multiply the slow
+traffic and the pairings for nothing. Parameters must be replicated, not sharded.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from gaslocd.cli.settings import BY_NAME, settings_of
 from gaslocd.cli.sources import resolve
 from gaslocd.daemon.lifecycle import Daemon
 from gaslocd.train.external import PeerStopped, UserLoop
+from gaslocd.train.flat import FlatParameters
 from gaslocd.train.worker import Worker
 
 __all__ = ["Peer", "PeerStopped"]
@@ -90,13 +94,21 @@ class Peer:
         tokens_per_step: int = 0,
         model_name: str | None = None,
         progress: Callable[[str], None] | None = None,
+        replica_group: Any = None,
         **settings: Any,
     ) -> None:
+        self._thread: threading.Thread | None = None
+        self.exit_code: int | None = None
+        self.error: BaseException | None = None
+        self.replicas = _Replicas(replica_group) if replica_group is not None else None
+        self.following = self.replicas is not None and self.replicas.rank != 0
         command = "join" if settings.get("bootstrap") else "start"
         resolved = peer_settings(command, settings)
+        if self.following:  # rank 0 of the group is the peer; this rank only follows it
+            self._flat = FlatParameters(model).flat
+            return
         name = model_name or f"user:{type(model).__qualname__}"
         train = train_config({**resolved, "model": name})
-        self._thread: threading.Thread | None = None
         self._loop = UserLoop(optimizer, evaluate, tokens_per_step, alive=self._alive)
         self.worker = Worker.around(model, lambda _flat: self._loop, train)
         self.daemon = Daemon(
@@ -108,8 +120,7 @@ class Peer:
             progress=progress or log.info,
             worker=self.worker,
         )
-        self.exit_code: int | None = None
-        self.error: BaseException | None = None
+        self._flat = self.worker.flat.flat
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -121,6 +132,9 @@ class Peer:
         :class:`PeerStopped` when the peer could not start (the reason, as ``gaslocd
         join`` would print it), ``TimeoutError`` after ``timeout_s`` (waiting for
         ``min_peers``, say)."""
+        if self.replicas is not None and self.following:
+            self.replicas.follow(self._flat)  # θ as the peer starts with it
+            return self
         if self._thread is not None:
             raise RuntimeError("the peer is already started")
         self.daemon.prepare()
@@ -129,6 +143,8 @@ class Peer:
         if not self._loop.wait_open(timeout_s):
             self.close()
             raise TimeoutError(f"no round opened within {timeout_s:.0f} s")
+        if self.replicas is not None:
+            self.replicas.announce(ROUND, self._flat)
         return self
 
     def step(self, loss: float | torch.Tensor | None = None) -> bool:
@@ -138,16 +154,32 @@ class Peer:
         the peer was closed; stop training. A non-finite ``loss`` throws the round's
         steps away (θ goes back to the round's start; fix the cause: your optimizer's
         state may hold it too). Raises :class:`PeerStopped` when the peer failed."""
-        return self._loop.step(loss)
+        if self.replicas is None:
+            return self._loop.step(loss)
+        if self.following:
+            return self.replicas.follow(self._flat) != STOP
+        opened = self._loop.opened
+        more = self._loop.step(loss)
+        changed = self._loop.opened != opened  # θ may have moved between two windows
+        self.replicas.announce(
+            ROUND if more and changed else CONTINUE if more else STOP, self._flat
+        )
+        return more
 
     def close(self, timeout_s: float | None = None) -> int | None:
         """Finish the round in progress (its exchange within the stop budget), write the
         checkpoint, leave the run; returns the daemon's exit status (None: still
         stopping after ``timeout_s``, default ``stop_timeout`` + 30 s)."""
+        if self.following:
+            if self.replicas is not None and not self.replicas.stopped:
+                self.replicas.follow(self._flat)  # the peer's final θ
+            return 0
         self._loop.stop("the peer was closed")
         self.daemon.request_stop()
         if self._thread is not None:
             self._thread.join(timeout_s or self.daemon.cfg.stop_timeout_s + 30.0)
+        if self.replicas is not None and not self.replicas.stopped:
+            self.replicas.announce(STOP, self._flat)
         return self.exit_code
 
     def __enter__(self) -> Peer:
@@ -163,16 +195,21 @@ class Peer:
     @property
     def round(self) -> int:
         """The round the peer is in (rounds done, counted across the run)."""
-        return self.worker.round
+        return self._leader().worker.round
 
     @property
     def peer_id(self) -> str:
-        return self.daemon.me
+        return self._leader().daemon.me
 
     @property
     def bootstrap(self) -> Sequence[str]:
         """Addresses others pass as ``bootstrap`` to join this peer's run."""
-        return self.daemon.discovery.bootstrap_addresses()
+        return self._leader().daemon.discovery.bootstrap_addresses()
+
+    def _leader(self) -> Peer:
+        if self.following:
+            raise RuntimeError("this rank follows rank 0 of its replica group, the peer")
+        return self
 
     def _serve(self) -> None:
         try:
@@ -185,3 +222,36 @@ class Peer:
 
     def _alive(self) -> bool:
         return self._thread is None or self._thread.is_alive()
+
+
+CONTINUE, ROUND, STOP = 0, 1, 2  # what rank 0 tells its followers after each step
+
+
+class _Replicas:
+    """The data-parallel ranks one peer stands for (``torch.distributed``): rank 0 of the
+    group announces after each step whether θ moved (then sends it) or the run stopped."""
+
+    def __init__(self, group: Any) -> None:
+        import torch.distributed as dist
+
+        self.dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.src = dist.get_global_rank(group, 0)
+        self.stopped = False
+
+    def announce(self, what: int, flat: torch.Tensor) -> None:
+        flag = torch.tensor([what], dtype=torch.int64, device=flat.device)
+        self.dist.broadcast(flag, self.src, group=self.group)
+        if what != CONTINUE:
+            self.dist.broadcast(flat, self.src, group=self.group)
+        self.stopped = what == STOP
+
+    def follow(self, flat: torch.Tensor) -> int:
+        flag = torch.zeros(1, dtype=torch.int64, device=flat.device)
+        self.dist.broadcast(flag, self.src, group=self.group)
+        what = int(flag.item())
+        if what != CONTINUE:
+            with torch.no_grad():
+                self.dist.broadcast(flat, self.src, group=self.group)
+        self.stopped = what == STOP
+        return what

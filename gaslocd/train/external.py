@@ -80,6 +80,11 @@ class UserLoop:
     def tokens_per_step(self) -> int:
         return self._tokens_per_step
 
+    @property
+    def opened(self) -> int:
+        """Windows opened so far: θ can only have moved when this changed."""
+        return self._opened
+
     # -- the training thread's side (what the round driver calls) -------------------------
 
     def train_steps(self, n: int, should_stop: Callable[[], bool] | None = None) -> list[float]:

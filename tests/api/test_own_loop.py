@@ -117,3 +117,36 @@ def test_a_peer_resumes_its_round_theta_and_optimizer_from_its_checkpoint(tmp_pa
         assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], moments)
     finally:
         assert again.close() == 0
+
+
+def test_a_torchrun_node_is_one_peer_whose_ranks_follow_rank_0(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    """Two DDP ranks under torchrun (gloo) stand for one peer; a plain process is the other
+    peer. Every rank ends with rank 0's θ, which the run mixed with the other peer's."""
+    script = str(Path(__file__).with_name("replicas_script.py"))
+    node = Daemon(
+        [],
+        reaper,
+        "node",
+        command=[
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+            "2", script, str(tmp_path / "node"),
+        ],
+    )  # fmt: skip
+    address = node.wait_for(r"bootstrap address: (\S+)", 180).group(1)
+    other = Daemon(
+        [], reaper, "other", command=[sys.executable, script, str(tmp_path / "other"), address]
+    )
+    for proc in (node, other):
+        assert proc.finish(300) == 0, proc.output()
+    for name in ("node", "other"):
+        rounds = summary_rounds(tmp_path / f"{name}.json")
+        assert len(rounds) == 4 and all(r["exchanged"] == 1 for r in rounds)
+    rank0, rank1 = (torch.load(tmp_path / f"node.rank{k}.pt") for k in (0, 1))
+    assert torch.equal(rank0, rank1)  # the follower received every round's θ
+    torch.manual_seed(0)  # the script's initialisation: training moved θ away from it
+    init = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 16))
+    assert (
+        float((rank0 - torch.cat([p.detach().flatten() for p in init.parameters()])).norm()) > 0.1
+    )
