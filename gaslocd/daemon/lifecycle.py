@@ -50,7 +50,7 @@ from gaslocd.net.validation import Identity, WireStats
 from gaslocd.protocol.policy import RoundPolicy
 from gaslocd.train.checkpoint import CheckpointError, checkpoint_worker_index
 from gaslocd.train.data import load_corpus
-from gaslocd.train.export import SPEC_KEY, ModelSpec
+from gaslocd.train.export import SPEC_KEY, TOKENIZER_KEY, ModelSpec
 from gaslocd.train.model import count_parameters
 from gaslocd.train.worker import Worker, worker_index_for
 
@@ -109,12 +109,13 @@ class Daemon:
         self.cfg, note = prepare_checkpoints(self.cfg)
         if note:
             self.progress(note)
-        corpus, self._spec = None, None
+        corpus, self._spec, self._tokenizer = None, None, None
         if self.embedded:
             numel = self.state.numel
         else:
             corpus = load_corpus(self.train.data)
             self._spec = ModelSpec(self.train.model, corpus.vocab_size, self.train.seq_len)
+            self._tokenizer = corpus.tokenizer_json
             numel = count_parameters(
                 self.train.model, vocab_size=corpus.vocab_size, seq_len=self.train.seq_len
             )
@@ -369,6 +370,8 @@ class Daemon:
         extra = {"run_id": self.cfg.run_id, "peer_id": self.me, "saved_at": time.time()}
         if self._spec is not None:  # what `gaslocd export` rebuilds the model from
             extra[SPEC_KEY] = self._spec.to_extra()
+        if self._tokenizer is not None:  # and the tokenizer it writes beside it
+            extra[TOKENIZER_KEY] = self._tokenizer
         keep, began = self.cfg.keep_checkpoints, time.monotonic()
         path = await self._runtime().thread.call(self.state.save, directory, extra, keep)
         self.budget.measured(time.monotonic() - began)

@@ -70,6 +70,7 @@ class Corpus:
     val: torch.Tensor
     vocab_size: int
     source: str
+    tokenizer_json: str | None = None  # token shards' tokenizer.json (None: bytes)
 
 
 def load_corpus(
@@ -196,11 +197,13 @@ def _bin_corpus(train_path: Path, val_path: Path | None) -> Corpus:
     log.info(
         "corpus %s: %d train + %d val tokens, vocab %d", source, len(train), len(val), vocab_size
     )
+    tokenizer = train_path.parent / "tokenizer.json"  # gaslocd tokenize puts it there
     return Corpus(
         train=torch.from_numpy(train),
         val=torch.from_numpy(val),
         vocab_size=vocab_size,
         source=source,
+        tokenizer_json=tokenizer.read_text() if tokenizer.is_file() else None,
     )
 
 

@@ -11,8 +11,12 @@ match the vector is refused, never silently reshaped), pour θ into it and write
 - ``hf``: the built-in Llama in the layout of ``transformers``' ``LlamaForCausalLM``
   (``config.json`` and ``model.safetensors``). Our blocks are that architecture: RMSNorm
   pre-norm, RoPE in the "rotate half" layout, SwiGLU, tied embeddings, no biases; only
-  the fused ``wqkv`` is split into q, k and v. The tokenizer is the byte-level one (token
-  = byte value); no tokenizer files are written.
+  the fused ``wqkv`` is split into q, k and v.
+
+A run on shards from ``gaslocd tokenize`` records their tokenizer in its checkpoints, and
+the export writes it beside the weights (with the ``hf`` format, so that
+``AutoTokenizer.from_pretrained`` loads it too). A run on bytes has no tokenizer file:
+token = byte value.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from torch import nn
 from gaslocd.train.checkpoint import CheckpointError, load_checkpoint
 from gaslocd.train.flat import FlatParameters, model_fingerprint
 from gaslocd.train.model import MODEL_CONFIGS, Block, Llama, build_model
+from gaslocd.train.shards import EOS_NAMES
 
 FORMATS = ("safetensors", "hf")
 SPEC_KEY = "model_spec"
+TOKENIZER_KEY = "tokenizer_json"  # the shards' tokenizers file, as text
 
 
 @dataclass(frozen=True)
@@ -154,11 +160,31 @@ def export_checkpoint(path: Path, out: Path, fmt: str = "safetensors") -> list[P
         save_file(hf_llama_tensors(model), str(weights), metadata={"format": "pt"})
         config = out / "config.json"
         config.write_text(json.dumps(hf_llama_config(model), indent=1) + "\n")
-        return [weights, config]
+        return [weights, config, *_write_tokenizer(payload, out, hf=True)]
     # state_dict() lists tied weights twice; safetensors refuses shared storage.
     unique = {name: p.detach().contiguous().clone() for name, p in model.named_parameters()}
     weights = out / "model.safetensors"
     save_file(unique, str(weights), metadata={k: str(v) for k, v in meta.items()})
     spec_file = out / "gaslocd_model.json"
     spec_file.write_text(json.dumps(meta, indent=1) + "\n")
-    return [weights, spec_file]
+    return [weights, spec_file, *_write_tokenizer(payload, out, hf=False)]
+
+
+def _write_tokenizer(payload: dict[str, Any], out: Path, hf: bool) -> list[Path]:
+    """The run's tokenizer beside the weights (``tokenizer.json``; for ``hf`` also the
+    ``tokenizer_config.json`` that makes ``AutoTokenizer`` load it). None recorded: the
+    run trained on bytes (or on shards tokenized elsewhere), nothing is written."""
+    text = payload.get("extra", {}).get(TOKENIZER_KEY)
+    if not isinstance(text, str):
+        return []
+    files = [out / "tokenizer.json"]
+    files[0].write_text(text)
+    if hf:
+        config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+        added = {t.get("content") for t in json.loads(text).get("added_tokens", [])}
+        eos = next((name for name in EOS_NAMES if name in added), None)
+        if eos is not None:
+            config["eos_token"] = eos
+        files.append(out / "tokenizer_config.json")
+        files[1].write_text(json.dumps(config, indent=1) + "\n")
+    return files

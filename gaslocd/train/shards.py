@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,7 +34,8 @@ BATCH_DOCUMENTS = 256
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl",)
 DATASET_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow"}
-_EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]")
+TOKENIZER_FILE = "tokenizer.json"  # next to the shards: what decodes them
+EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]")
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def _field(row: Any, text_field: str, where: str) -> str:
 
 
 def _eos_id(tokenizer: Any) -> int | None:
-    for name in _EOS_NAMES:
+    for name in EOS_NAMES:
         token_id = tokenizer.token_to_id(name)
         if token_id is not None:
             return int(token_id)
@@ -161,6 +163,8 @@ def tokenize_to_shards(
         tokenizer=str(tokenizer_file),
         text_field=text_field,
     )
+    if tokenizer_file.resolve() != (out / TOKENIZER_FILE).resolve():  # checkpoints record it
+        shutil.copyfile(tokenizer_file, out / TOKENIZER_FILE)
     (out / "meta.json").write_text(json.dumps(asdict(info), indent=1) + "\n")
     log.info("tokenized %d documents from %s into %s: %s", index, source, out, info)
     return info

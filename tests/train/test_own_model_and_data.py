@@ -6,6 +6,7 @@ hub): the tokenizer is trained here on the test's own text."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from gaslocd.cli import main
 from gaslocd.train.data import load_corpus
 from gaslocd.train.model import build_model, model_loss
+from tests.daemon.procs import FAST_FLAGS, Daemon
 
 tokenizers = pytest.importorskip("tokenizers", reason="pip install .[data]")
 pyarrow = pytest.importorskip("pyarrow", reason="pip install .[data]")
@@ -109,3 +111,29 @@ def test_a_hugging_face_model_from_a_file_trains_on_the_shards(
     result = json.loads(summary.read_text())
     losses = [p["val_loss"] for p in result["val_loss_curve"]]
     assert losses[-1] < losses[0]  # it learned from the shards
+
+
+def test_a_daemon_on_shards_exports_a_model_and_tokenizer_transformers_load(
+    shards: tuple[Path, list[str], tokenizers.Tokenizer],
+    tmp_path: Path,
+    reaper: list[subprocess.Popen[bytes]],
+) -> None:
+    """A real daemon trains on the shards; its checkpoint carries the shards' tokenizer,
+    and `gaslocd export --format hf` writes it where AutoTokenizer finds it."""
+    transformers = pytest.importorskip("transformers", reason="pip install .[test]")
+    out, docs, tok = shards
+    assert (out / "tokenizer.json").is_file()  # the shards folder carries its tokenizer
+    ck = tmp_path / "ck"
+    args = ["start", *FAST_FLAGS, "--data", str(out), "--max-rounds", "2"]
+    daemon = Daemon([*args, "--checkpoint-dir", str(ck)], reaper, "shards")
+    assert daemon.finish(240) == 0, daemon.output()
+    hf = tmp_path / "hf"
+    assert main(["export", str(ck), "--out", str(hf), "--format", "hf"]) == 0
+    loaded = transformers.AutoTokenizer.from_pretrained(str(hf))
+    assert loaded.encode(docs[3], add_special_tokens=False) == tok.encode(docs[3]).ids
+    assert loaded.eos_token == EOS
+    model = transformers.LlamaForCausalLM.from_pretrained(str(hf))
+    assert model.config.vocab_size == tok.get_vocab_size()
+    plain = tmp_path / "plain"  # the safetensors format gets the tokenizer file too
+    assert main(["export", str(ck), "--out", str(plain)]) == 0
+    assert (plain / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
