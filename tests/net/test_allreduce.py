@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +177,20 @@ def _average_all(
     return [peer.end() for peer in peers]
 
 
+def _mean_within(
+    peers: list[Peer], rounds: Sequence[int], inputs: list[torch.Tensor], timeout_s: float
+) -> None:
+    """The mean arrives in one of ``rounds``: a round that failed (AllReduceFailed at some
+    peer: matchmaking right after start-up or after a member died, seen under load in CI)
+    is what a daemon counts as a failed round and mixes in the next one."""
+    outcomes: list[Outcome] = []
+    for round_ in rounds:
+        outcomes = _average_all(peers, round_, inputs, timeout_s)
+        if not any(o.error == "AllReduceFailed" for o in outcomes):
+            break
+    _assert_mean(outcomes, inputs)
+
+
 def _assert_mean(outcomes: list[Outcome], inputs: list[torch.Tensor]) -> None:
     """Everyone got the float64 mean of the inputs, to float32 rounding.
 
@@ -220,14 +234,7 @@ def test_two_peers_get_the_mean_and_rounds_never_mix(
 ) -> None:
     with _peers(2, "pair", tmp_path, reaper) as pair:
         inputs = _inputs(2, NUMEL, seed=0)
-        outcomes = _average_all(pair, 7, inputs, timeout_s=10.0)
-        if any(o.error == "AllReduceFailed" for o in outcomes):
-            # The first matchmaking right after start-up failed once in a loaded CI run
-            # ("a group member failed"); a daemon counts that as a failed round and mixes
-            # in the next one, so the mean must come in the next round, not necessarily
-            # in the first.
-            outcomes = _average_all(pair, 17, inputs, timeout_s=10.0)
-        _assert_mean(outcomes, inputs)
+        _mean_within(pair, (7, 17), inputs, timeout_s=10.0)
         # A wrong-sized tensor is refused before anything is sent.
         pair[0].begin(8, torch.zeros(3), timeout_s=10.0)
         refused = pair[0].end()
@@ -256,7 +263,7 @@ def test_a_peer_dying_costs_the_others_at_most_their_timeout(
 ) -> None:
     with _peers(3, "trio", tmp_path, reaper, numel) as peers:
         inputs = _inputs(3, numel, seed=2)
-        _assert_mean(_average_all(peers, 0, inputs, timeout_s=20.0), inputs)
+        _mean_within(peers, (0, 10, 11), inputs, timeout_s=20.0)
         timeout_s = MATCHMAKING_S + 4.0
         for peer, tensor in zip(peers[:2], inputs[:2], strict=True):
             peer.begin(1, tensor, timeout_s)
@@ -283,8 +290,8 @@ def test_a_peer_dying_costs_the_others_at_most_their_timeout(
                 _assert_mean([outcome], inputs)
         if stage == "LOOKING_FOR_GROUP":  # nothing was lost yet: a pair forms
             assert all(outcome.error is None for outcome in outcomes), outcomes
-        # The survivors go on as a pair in the next round.
-        _assert_mean(_average_all(peers[:2], 2, inputs[:2], timeout_s=10.0), inputs[:2])
+        # The survivors go on as a pair (in the next round, or after a failed one).
+        _mean_within(peers[:2], (2, 3, 4), inputs[:2], timeout_s=10.0)
 
 
 def test_a_wedged_averager_call_never_blocks_the_process_exit() -> None:
