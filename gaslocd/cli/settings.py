@@ -277,8 +277,13 @@ SETTINGS: tuple[Setting, ...] = (
        "or hf (a built-in model as a transformers Llama)", frozenset({EXPORT}), _EXPORT,
        flag="--format", choices=("safetensors", "hf")),
     # -- tokenize --------------------------------------------------------------------
-    _S("tokenize_source", v.path, None, "a .txt/.md/.jsonl/.parquet/.arrow file, or a folder "
-       "of them", frozenset({TOKENIZE}), _TOKENIZE, positional=True, metavar="DOCUMENTS"),
+    _S("tokenize_source", v.path, None, "a .txt/.md/.jsonl/.parquet/.arrow file, a folder "
+       "of them, or hf:NAME, a Hugging Face dataset (a hub name, or a dataset folder), "
+       "streamed", frozenset({TOKENIZE}), _TOKENIZE, positional=True, metavar="DOCUMENTS"),
+    _S("split", v.text_value, "train", "the split of an hf: dataset", frozenset({TOKENIZE}),
+       _TOKENIZE),
+    _S("subset", v.text_value, None, "the configuration of an hf: dataset (e.g. "
+       "wikitext-103-raw-v1)", frozenset({TOKENIZE}), _TOKENIZE),
     _S("tokenizer", v.path, None, "a Hugging Face tokenizers file (tokenizer.json)",
        frozenset({TOKENIZE}), _TOKENIZE, metavar="FILE", shown_default="required"),
     _S("tokenize_out", v.path, None, "folder for train.bin, val.bin and meta.json (then "

@@ -18,18 +18,23 @@ def run_tokenize(command: str, resolved: dict[str, Any]) -> int:
     )
     if source is None or tokenizer is None or out is None:
         raise ValueError("usage: gaslocd tokenize DOCUMENTS --tokenizer tokenizer.json --out DIR")
-    from gaslocd.train.shards import tokenize_to_shards
+    from gaslocd.train.shards import HUB_PREFIX, HubSource, tokenize_to_shards
 
+    name = str(source)
+    documents: Path | HubSource = Path(source)
+    if name.startswith(HUB_PREFIX):
+        documents = HubSource(name[len(HUB_PREFIX) :], resolved["split"], resolved["subset"])
     try:
         info = tokenize_to_shards(
-            Path(source), Path(tokenizer), Path(out), text_field=resolved["text_field"]
+            documents, Path(tokenizer), Path(out), text_field=resolved["text_field"]
         )
     except ModuleNotFoundError as exc:
         raise ValueError(
             f"tokenize needs the {exc.name!r} package: pip install 'gaslocd[data]'"
         ) from None
-    except (OSError, UnicodeError, KeyError) as exc:  # unreadable input, a bad row
-        raise ValueError(f"cannot tokenize {source}: {exc}") from None
+    except (OSError, UnicodeError, KeyError) as exc:  # unreadable input, a bad row, offline
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"cannot tokenize {source}: {first}") from None
     print(
         f"{info.documents} documents → {info.train_tokens} train + {info.val_tokens} val "
         f"tokens ({info.dtype}, vocabulary {info.vocab_size}) in {out}; train with --data {out}"

@@ -67,6 +67,26 @@ def input_files(path: Path) -> list[Path]:
     return files
 
 
+HUB_PREFIX = "hf:"  # a source named as datasets.load_dataset takes it
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """A dataset ``datasets.load_dataset`` finds by name: on the hub (online), or a local
+    dataset folder; streamed, never downloaded whole."""
+
+    name: str
+    split: str = "train"
+    subset: str | None = None
+
+    def documents(self, text_field: str) -> Iterator[str]:
+        from datasets import load_dataset  # optional: pip install 'gaslocd[data]'
+
+        rows = load_dataset(self.name, self.subset, split=self.split, streaming=True)
+        for number, row in enumerate(rows):
+            yield _field(row, text_field, f"{self.name} ({self.split}) row {number}")
+
+
 def documents(files: Sequence[Path], text_field: str) -> Iterator[str]:
     """Every document of ``files`` in order, streamed."""
     for file in files:
@@ -114,16 +134,21 @@ def _batches(docs: Iterator[str]) -> Iterator[list[str]]:
 
 
 def tokenize_to_shards(
-    source: Path, tokenizer_file: Path, out: Path, *, text_field: str = "text"
+    source: Path | HubSource, tokenizer_file: Path, out: Path, *, text_field: str = "text"
 ) -> ShardInfo:
-    """Tokenize every document under ``source`` into ``out``/{train,val}.bin + meta.json.
+    """Tokenize every document of ``source`` (files, or a dataset by name) into
+    ``out``/{train,val}.bin + meta.json.
 
     Written to temporary names and renamed at the end, so an interrupted run leaves no
     shards that look whole.
     """
     from tokenizers import Tokenizer  # optional: pip install 'gaslocd[data]'
 
-    files = input_files(source)
+    docs = (
+        source.documents(text_field)
+        if isinstance(source, HubSource)
+        else documents(input_files(source), text_field)
+    )
     if not tokenizer_file.is_file():
         raise FileNotFoundError(f"no tokenizer file at {tokenizer_file}")
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
@@ -135,7 +160,7 @@ def tokenize_to_shards(
     temporary = [out / ".train.bin.tmp", out / ".val.bin.tmp"]
     try:
         with open(temporary[0], "wb") as train, open(temporary[1], "wb") as val:
-            for batch in _batches(documents(files, text_field)):
+            for batch in _batches(docs):
                 for encoding in tokenizer.encode_batch(batch, add_special_tokens=False):
                     ids = list(encoding.ids) + ([eos] if eos is not None else [])
                     split = "val" if index % VAL_EVERY == VAL_EVERY - 1 else "train"

@@ -6,7 +6,9 @@ hub): the tokenizer is trained here on the test's own text."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -137,3 +139,39 @@ def test_a_daemon_on_shards_exports_a_model_and_tokenizer_transformers_load(
     plain = tmp_path / "plain"  # the safetensors format gets the tokenizer file too
     assert main(["export", str(ck), "--out", str(plain)]) == 0
     assert (plain / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
+
+
+def test_a_dataset_by_name_is_streamed_and_an_unreachable_one_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """hf:NAME goes to datasets.load_dataset(NAME, streaming=True): a dataset folder here
+    (a hub name resolves the same way online); offline, a hub name fails with one line."""
+    docs = _docs(60)
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    for split, part in (("train", docs), ("test", docs[:25])):
+        rows = "".join(json.dumps({"body": d}) + "\n" for d in part)
+        (folder / f"{split}.jsonl").write_text(rows)
+    tok = _tokenizer(tmp_path / "tok.json", docs)
+    argv = ["tokenize", f"hf:{folder}", "--tokenizer", str(tmp_path / "tok.json")]
+    argv += ["--text-field", "body"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0  # the train split
+    assert json.loads((tmp_path / "a" / "meta.json").read_text())["documents"] == 60
+    assert main([*argv, "--split", "test", "--out", str(tmp_path / "b")]) == 0
+    corpus = load_corpus(str(tmp_path / "b"))
+    words = tok.decode(corpus.train.long().tolist() + corpus.val.long().tolist()).split()
+    assert "doc24" in words and "doc30" not in words  # the test split's 25 documents only
+    offline = subprocess.run(
+        [
+            *(sys.executable, "-m", "gaslocd", "tokenize", "hf:nobody/no-such-dataset"),
+            *("--tokenizer", str(tmp_path / "tok.json"), "--out", str(tmp_path / "c")),
+        ],
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert offline.returncode == 2
+    errors = [line for line in offline.stderr.splitlines() if line.startswith("gaslocd:")]
+    assert errors == [errors[0]] and "cannot tokenize hf:nobody/no-such-dataset" in errors[0]
+    assert not list((tmp_path / "c").glob("*.bin"))
