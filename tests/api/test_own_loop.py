@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gaslocd.cli import main
 from tests.daemon.procs import Daemon, summary_rounds
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -35,11 +36,27 @@ def _flat(path: Path) -> torch.Tensor:
 def test_two_peers_train_a_users_model_with_its_own_loop(
     tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
 ) -> None:
-    pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("datasets")
     script = tmp_path / "own_loop.py"
     script.write_text(readme_example())
-    data = tmp_path / "data.txt"  # the user's own dataset: our sources, as bytes
-    data.write_bytes(b"".join(p.read_bytes() for p in sorted(README.parent.glob("gaslocd/*/*.py"))))
+    # The user's own dataset, tokenized with their own tokenizer: our sources, a BPE
+    # trained on them here (no hub), shards by `gaslocd tokenize`.
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [p.read_text() for p in sorted(README.parent.glob("gaslocd/*/*.py"))]
+    for k, text in enumerate(texts):
+        (corpus / f"{k}.txt").write_text(text)
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel()
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"])
+    bpe.train_from_iterator(texts, trainer)
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    data = tmp_path / "shards"
+    argv = ["tokenize", str(corpus), "--tokenizer", str(tmp_path / "tokenizer.json")]
+    assert main([*argv, "--out", str(data)]) == 0
     out = [tmp_path / "out0", tmp_path / "out1"]
 
     def run(k: int, *bootstrap: str) -> Daemon:
@@ -62,6 +79,8 @@ def test_two_peers_train_a_users_model_with_its_own_loop(
     # ends, up to the fp16 wire (~1e-3 of θ) and each end's own trust radius. Trained
     # apart, the two would differ by about the distance training moved them (~0.5 of θ).
     assert float((a - b).norm()) < 2e-3 * float(a.norm())
+    loaded = transformers.AutoTokenizer.from_pretrained(str(out[0]))
+    assert loaded.encode(texts[0][:500]) == bpe.encode(texts[0][:500]).ids
 
 
 def test_settings_the_users_loop_owns_or_the_daemon_lacks_are_refused() -> None:
