@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gaslocd.algorithm.hpolicy import choose_inner_steps, target_round_time
@@ -28,6 +28,11 @@ EWMA = 0.3  # weight of the newest measurement
 # The most rounds a long exchange may span: a slow link's k stays well under it, and a
 # partner's header claiming more (a hostile insider's) is cut to it.
 MAX_LONG_ROUNDS = 8
+# Hysteresis of "too slow for a round": a link (or our own) classified long stays long
+# until its strongest codec's transfer is under this share of the budget. Step time, and
+# so T, moves with the machine's load; without it a borderline link flips between long
+# and regular, and a regular exchange planned in an unlucky round misses its deadline.
+STAY_LONG = 0.8
 
 
 def ewma(old: float | None, new: float) -> float:
@@ -45,6 +50,10 @@ class LinkEstimates:
     step_time_s: float | None = None
     transfer_s: dict[str, float] = field(default_factory=dict)
     bandwidth: dict[str, float] = field(default_factory=dict)  # bytes/s per partner
+    # What our last plan with partners decided (plan_this_round keeps it): the partners
+    # whose link it made long, and whether our own link was too slow (the hysteresis).
+    long_links: frozenset[str] = frozenset()
+    own_slow: bool = False
 
     def record_step_time(self, seconds: float) -> None:
         self.step_time_s = ewma(self.step_time_s, seconds)
@@ -126,6 +135,8 @@ def plan_links(
     numel: int,
     budget_s: float,
     overlap: bool,
+    was_long: Collection[str] = (),
+    was_slow: bool = False,
 ) -> LinkPlan:
     """Per partner, the codec that carries θ̃ within ``budget_s`` (the next round's
     compute when overlapped), from the *published* rates of both ends: both sides read the
@@ -134,18 +145,25 @@ def plan_links(
     lands; and when it is *our own* link that is too slow (``own_rate``: what we know of
     it, :meth:`LinkEstimates.known_own_rate`; None: our record's), we sit out of the
     pairings for those k rounds (``free_from``), so that nobody waits for us meanwhile.
+    ``was_long`` / ``was_slow``: what our last plan decided; such a link (or our own)
+    stays long until it crosses in ``STAY_LONG`` of the budget.
     """
     codecs: dict[str, str] = {}
     long: dict[str, int] = {}
     own = me.bandwidth_bytes_per_s if me is not None else 0.0
     for q in partners:
         rates = [x for x in (own, q.bandwidth_bytes_per_s) if x > 0]
-        choice = choose_codec(ladder, numel, min(rates) if rates else None, budget_s)
+        rate = min(rates) if rates else None
+        choice = choose_codec(ladder, numel, rate, budget_s)
+        strict = choose_codec(ladder[-1:], numel, rate, STAY_LONG * budget_s)
+        if q.peer_id in was_long and choice.fits and not strict.fits:
+            choice = strict  # still long unless clearly faster now
         codecs[q.peer_id] = choice.codec
         if overlap and not choice.fits and choice.transfer_s is not None:
             long[q.peer_id] = min(max(2, math.ceil(choice.transfer_s / budget_s)), MAX_LONG_ROUNDS)
     mine = own if own_rate is None else own_rate
-    slow = mine > 0 and transfer_s(ladder[-1], numel, mine) > budget_s
+    limit = STAY_LONG * budget_s if was_slow else budget_s
+    slow = mine > 0 and transfer_s(ladder[-1], numel, mine) > limit
     free_from = round_ + max(long.values()) if long and slow else 0
     return LinkPlan(codecs, long, free_from)
 
@@ -228,7 +246,11 @@ def plan_this_round(
         budget = target - (0.0 if algo.overlap else algo.h_min * (links.step_time_s or 0.0))
         mine = next((r for r in records if r.peer_id == me), None)
         ends = (mine, [_hinted(by_id[q], rate_hints) for q in partners], links.known_own_rate())
-        links_plan = plan_links(round_, *ends, ladder, numel, budget, algo.overlap)
+        links_plan = plan_links(
+            round_, *ends, ladder, numel, budget, algo.overlap, links.long_links, links.own_slow
+        )
+        links.long_links = links.long_links - set(partners) | set(links_plan.long)
+        links.own_slow = links_plan.free_from > 0
     return RoundSetup(
         round=round_,
         plan=plan,

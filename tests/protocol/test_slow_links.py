@@ -144,3 +144,42 @@ def test_a_partners_declared_rate_overrides_its_stale_record_and_k_is_capped() -
     assert higher.codecs["b"] == "fp16"  # the lower of the two sizes the link
     crawl = plan_this_round(*args, ladder=LADDER, numel=NUMEL, rate_hints={"b": 1.0})
     assert crawl.long == {"b": MAX_LONG_ROUNDS}  # a claimed crawl keeps ours 8 rounds at most
+
+
+def test_a_long_link_stays_long_until_it_is_clearly_fast_enough() -> None:
+    """Hysteresis: T moves with the machine's load, and a link at the border must not
+    flip between long and regular from round to round."""
+    q4 = transfer_s("q4", NUMEL, 1e6)  # q4's message at 1 MB/s: ~5.6 s
+    me, slow = record("a", bandwidth=1e9), record("s", bandwidth=1e6)
+
+    def plan(budget: float, was_long: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+        return plan_links(9, me, [slow], None, LADDER, NUMEL, budget, True, was_long)
+
+    border = q4 / 0.9  # q4 crosses in 90% of the budget
+    assert plan(border).codecs == {"s": "q4"} and not plan(border).long  # fresh: it fits
+    assert plan(border, ("s",)).long == {"s": 2}  # was long: stays long within the band
+    assert not plan(q4 / 0.75, ("s",)).long  # clearly faster (75%): regular again
+    assert plan(q4 / 0.75, ("s",)).codecs == {"s": "q4"}
+    # Our own link: a peer that sat out keeps sitting out within the band.
+    mine = record("s", bandwidth=1e6)
+    partner = [record("a", bandwidth=1e9)]
+    assert plan_links(9, mine, partner, None, LADDER, NUMEL, border, True).free_from == 0
+    again = plan_links(9, mine, partner, None, LADDER, NUMEL, border, True, ("a",), True)
+    assert again.free_from == 9 + 2
+
+
+def test_the_plan_remembers_its_long_links_across_rounds() -> None:
+    records = [record(p, 5, bandwidth=1e9) for p in ("a", "b")]
+    records[1] = record("b", 5, bandwidth=5e5)  # b's link is slow: long for a
+    algo = AlgoConfig(topology="1peer", inner_steps=10, adapt_h=True, overlap=True)
+    links = LinkEstimates()
+    links.record_step_time(0.5)
+    setup = plan_this_round(
+        algo, "run", "a", 5, records, links, 2 * NUMEL, None, ladder=LADDER, numel=NUMEL
+    )
+    assert setup.long and links.long_links == {"b"} and not links.own_slow
+    records[1] = record("b", 5, bandwidth=1e9)  # b got fast: a regular link again
+    plan_this_round(
+        algo, "run", "a", 6, records, links, 2 * NUMEL, None, ladder=LADDER, numel=NUMEL
+    )
+    assert links.long_links == frozenset()
