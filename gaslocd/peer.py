@@ -37,7 +37,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from gaslocd.cli.configs import algo_config, daemon_config, train_config, wire_config
+from gaslocd.cli.configs import (
+    algo_config,
+    daemon_config,
+    refuse_open_port,
+    train_config,
+    wire_config,
+)
 from gaslocd.cli.settings import BY_NAME, settings_of
 from gaslocd.cli.sources import resolve
 from gaslocd.daemon.lifecycle import Daemon
@@ -104,6 +110,7 @@ class Peer:
         self.following = self.replicas is not None and self.replicas.rank != 0
         command = "join" if settings.get("bootstrap") else "start"
         resolved = peer_settings(command, settings)
+        refuse_open_port(resolved)
         if self.following:  # rank 0 of the group is the peer; this rank only follows it
             self._flat = FlatParameters(model).flat
             return

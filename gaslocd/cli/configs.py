@@ -8,6 +8,7 @@ of its own: defaults that depend on ``--algo``.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
@@ -114,3 +115,22 @@ def wire_config(resolved: Mapping[str, Any]) -> WireConfig:
 def sim_config(resolved: Mapping[str, Any]) -> SimConfig:
     """The simulated network and clock."""
     return SimConfig(**config_fields("sim", resolved))
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_open_port(resolved: Mapping[str, Any]) -> None:
+    """A daemon (or library peer) that others can reach must need the run's credential."""
+    if not resolved["token"] and not _is_loopback(resolved["host"]):
+        raise ValueError(
+            f"listening on {resolved['host']} without --token would let anyone who reaches "
+            "this port send parameters into the run: set --token (or GASLOCD_TOKEN) on "
+            "every peer"
+        )

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import sys
 from typing import Any
 
-from gaslocd.cli.configs import algo_config, daemon_config, train_config, wire_config
+from gaslocd.cli.configs import (
+    algo_config,
+    daemon_config,
+    refuse_open_port,
+    train_config,
+    wire_config,
+)
 from gaslocd.cli.settings import JOIN, START, STATUS
 from gaslocd.cli.sources import Command
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _exit_on_signal(status: int) -> None:
@@ -38,12 +34,7 @@ def _exit_on_signal(status: int) -> None:
 
 def run_daemon(command: str, resolved: dict[str, Any]) -> int:
     """Build every config first, so a wrong setting exits 2 before torch is even imported."""
-    if not resolved["token"] and not _is_loopback(resolved["host"]):
-        raise ValueError(
-            f"listening on {resolved['host']} without --token would let anyone who reaches "
-            "this port send parameters into the run: set --token (or GASLOCD_TOKEN) on "
-            "every peer"
-        )
+    refuse_open_port(resolved)
     configs = (
         daemon_config(resolved),
         algo_config(resolved),

@@ -96,6 +96,10 @@ def test_settings_the_users_loop_owns_or_the_daemon_lacks_are_refused() -> None:
     assert resolved["bootstrap"] == ("/ip4/127.0.0.1/tcp/1/p2p/Qm",)
     assert resolved["topology"] == "2peer" and resolved["inner_steps"] is None  # the default
     assert "bootstrap" not in peer_settings("start", {"bootstrap": []})
+    from gaslocd.peer import Peer
+
+    with pytest.raises(ValueError, match="without --token"):  # reachable: needs the credential
+        Peer(torch.nn.Linear(2, 2), host="0.0.0.0", run_id="open")
 
 
 def test_a_peer_resumes_its_round_theta_and_optimizer_from_its_checkpoint(tmp_path: Path) -> None:
