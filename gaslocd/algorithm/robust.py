@@ -102,8 +102,9 @@ def distance(a: torch.Tensor, b: torch.Tensor) -> float:
 class TrustRadius:
     """One worker's trust radii and the history of honest partners that sets them.
 
-    Lives with the worker's other between-round state (the outer momentum); it is not
-    checkpointed: a restarted worker warms up again from its own pseudo-gradient.
+    Lives with the worker's other between-round state (the outer momentum) and is
+    checkpointed with it: a restarted worker keeps its radius instead of warming up again
+    (the warm-up's looser τ is a window an insider could time).
     """
 
     def __init__(self, cfg: TrustConfig | None = None) -> None:
@@ -112,6 +113,27 @@ class TrustRadius:
         self.radial: deque[float] = deque(maxlen=self.cfg.window)  # |‖θ̃_j‖ − ‖θ̃_i‖|
         self.clipped_total = 0  # partners pulled in to τ since start (a counter for reports)
         self.rescaled_total = 0  # partners whose norm gap alone was cut to ρ
+
+    def state_dict(self) -> dict[str, list[float]]:
+        return {"accepted": list(self.accepted), "radial": list(self.radial)}
+
+    def load_state_dict(self, state: object) -> bool:
+        """Take a checkpoint's history; False (and nothing changed) when it is not lists
+        of finite distances ≥ 0, so a damaged entry costs the warm-up, not the run."""
+        if not isinstance(state, dict):
+            return False
+        accepted, radial = state.get("accepted"), state.get("radial")
+        for values in (accepted, radial):
+            if not isinstance(values, list) or not all(
+                isinstance(x, float) and math.isfinite(x) and x >= 0 for x in values
+            ):
+                return False
+        assert isinstance(accepted, list) and isinstance(radial, list)
+        self.accepted.clear()
+        self.accepted.extend(accepted[-self.cfg.window :])
+        self.radial.clear()
+        self.radial.extend(radial[-self.cfg.window :])
+        return True
 
     def radius(self, progress: float) -> float:
         """τ for a round whose own pseudo-gradient has norm ``progress`` (‖Δ_i‖)."""

@@ -168,6 +168,26 @@ def plan_links(
     return LinkPlan(codecs, long, free_from)
 
 
+def _remembered(
+    round_: int,
+    me: PeerRecord | None,
+    partners: list[PeerRecord],
+    links: LinkEstimates,
+    ladder: Sequence[str],
+    numel: int,
+    budget_s: float,
+    overlap: bool,
+) -> LinkPlan:
+    """:func:`plan_links` with our last decisions as its hysteresis, which it updates."""
+    plan = plan_links(
+        round_, me, partners, links.known_own_rate(), ladder, numel, budget_s, overlap,
+        links.long_links, links.own_slow,
+    )  # fmt: skip
+    links.long_links = links.long_links - {q.peer_id for q in partners} | set(plan.long)
+    links.own_slow = plan.free_from > 0
+    return plan
+
+
 def _hinted(record: PeerRecord, hints: Mapping[str, float] | None) -> PeerRecord:
     hint = (hints or {}).get(record.peer_id, 0.0)
     rate = record.bandwidth_bytes_per_s
@@ -245,12 +265,8 @@ def plan_this_round(
     if len(ladder) > 1 and target is not None and partners:
         budget = target - (0.0 if algo.overlap else algo.h_min * (links.step_time_s or 0.0))
         mine = next((r for r in records if r.peer_id == me), None)
-        ends = (mine, [_hinted(by_id[q], rate_hints) for q in partners], links.known_own_rate())
-        links_plan = plan_links(
-            round_, *ends, ladder, numel, budget, algo.overlap, links.long_links, links.own_slow
-        )
-        links.long_links = links.long_links - set(partners) | set(links_plan.long)
-        links.own_slow = links_plan.free_from > 0
+        ends = [_hinted(by_id[q], rate_hints) for q in partners]
+        links_plan = _remembered(round_, mine, ends, links, ladder, numel, budget, algo.overlap)
     return RoundSetup(
         round=round_,
         plan=plan,

@@ -392,7 +392,11 @@ class Worker:
                 theta=self.theta_start.to("cpu", copy=True),
                 outer_momentum=self.momentum.to("cpu", copy=True),
                 inner=self.trainer.state_dict(),
-                extra={**extra, "worker_index": self.worker_index},
+                extra={
+                    **extra,
+                    "worker_index": self.worker_index,
+                    "trust": self.trust.state_dict(),
+                },
             )
             save_checkpoint(path, payload, keep=keep)
         return path
@@ -410,4 +414,7 @@ class Worker:
             self.pending = self.pending_base = None
             self.trainer.load_state_dict(payload["inner"])
             self.flat.load_(self.theta_start)
-        return dict(payload.get("extra", {}))
+        extra = dict(payload.get("extra", {}))
+        if "trust" in extra and not self.trust.load_state_dict(extra["trust"]):
+            log.warning("the checkpoint's trust radius history is damaged: warming up again")
+        return extra

@@ -115,3 +115,17 @@ def test_config_is_checked() -> None:
         TrustConfig(factor=0)
     with pytest.raises(ValueError, match="warmup"):
         TrustConfig(warmup=0)
+
+
+def test_the_history_survives_a_checkpoint_and_a_damaged_one_changes_nothing() -> None:
+    trust = TrustRadius(TrustConfig(window=4, warmup=2))
+    own = torch.zeros(8)
+    for k in range(6):  # honest partners at distance 1..6: the last 4 are remembered
+        trust.clip(own, {"p": torch.full((8,), (k + 1) / math.sqrt(8))}, progress=10.0)
+    again = TrustRadius(TrustConfig(window=4, warmup=2))
+    assert again.load_state_dict(trust.state_dict())
+    assert again.radius(1.0) == trust.radius(1.0) == pytest.approx(2.0 * 4.5)
+    for bad in ({"accepted": [1.0, math.nan], "radial": []}, {"accepted": [1.0]}, [1.0], None):
+        fresh = TrustRadius(TrustConfig(window=4, warmup=2))
+        assert not fresh.load_state_dict(bad)
+        assert fresh.radius(1.0) == 4.0  # still warming up: nothing was taken

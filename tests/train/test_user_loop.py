@@ -10,6 +10,7 @@ import math
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,3 +145,15 @@ def test_checkpoint_state_carries_the_users_optimizer() -> None:
     assert opt.param_groups[0]["lr"] == pytest.approx(0.01234)
     assert loop.evaluates is False and math.isnan(worker.evaluate())
     assert UserLoop(evaluate=lambda: 2.5).evaluate([]) == 2.5
+
+
+def test_a_checkpoint_keeps_the_trust_radius(tmp_path: Path) -> None:
+    worker, _, _ = _worker(UserLoop())
+    own = worker.flat.flat.clone()
+    for k in range(6):
+        worker.trust.clip(own, {"p": own + 0.01 * (k + 1)}, progress=1.0)
+    worker.save(tmp_path, {})
+    restored, _, _ = _worker(UserLoop())
+    restored.restore(tmp_path)
+    assert restored.trust.state_dict() == worker.trust.state_dict()
+    assert restored.trust.radius(0.0) == worker.trust.radius(0.0) < math.inf
