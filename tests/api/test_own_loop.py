@@ -75,10 +75,11 @@ def test_two_peers_train_a_users_model_with_its_own_loop(
         assert rounds[-1]["train_loss"] < rounds[0]["train_loss"]  # the user's loop learned
     assert "took state of round" in second.output()  # the joiner started from the first's θ
     a, b = _flat(out[0]), _flat(out[1])
-    # Paired every round with a doubly stochastic W: the same mix and outer step at both
-    # ends, up to the fp16 wire (~1e-3 of θ) and each end's own trust radius. Trained
-    # apart, the two would differ by about the distance training moved them (~0.5 of θ).
-    assert float((a - b).norm()) < 2e-3 * float(a.norm())
+    # Paired every round with a doubly stochastic W, the two ends mix alike, up to the
+    # fp16 wire and robust mixing (an end that clips its partner's θ̃ to its trust radius
+    # mixes less of it): seen up to 0.012 of ‖θ‖ apart under load. Trained apart on their
+    # streams the same 70 steps, the two end ~0.28 of ‖θ‖ apart (measured).
+    assert float((a - b).norm()) < 0.05 * float(a.norm())
     loaded = transformers.AutoTokenizer.from_pretrained(str(out[0]))
     assert loaded.encode(texts[0][:500]) == bpe.encode(texts[0][:500]).ids
 
