@@ -12,7 +12,9 @@ So each partner's contribution is *centered-clipped* to a trust radius τ before
 
 W is not touched (it stays doubly stochastic); only what is mixed changes, so an
 attacker's pull on worker i is at most W_ij · τ per round, however far it sends. An
-honest partner inside τ is mixed exactly as before.
+honest partner inside τ is mixed exactly as before. What clipping altered does not go
+through the outer step: it moves θ once, beside it (:func:`split_mix`), so the outer
+momentum cannot multiply a pull that an insider repeats every round.
 
 **τ comes from what honest partners looked like recently.** ``factor`` × the median of
 the last ``window`` *accepted* (unclipped) distances. A clipped distance never enters the
@@ -42,6 +44,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+
+from gaslocd.algorithm.outer import mix, pairwise_consensus
 
 SLICE = 1 << 22  # elements per slice of a distance computation (16 MiB of float32)
 
@@ -203,6 +207,52 @@ class TrustRadius:
         self.clipped_total += len(clipped)
         self.rescaled_total += len(rescaled)
         return out, ClipReport(radius, rho, distances, tuple(clipped), tuple(rescaled))
+
+
+def split_mix(
+    weights: Mapping[str, float],
+    own: torch.Tensor,
+    used: Mapping[str, torch.Tensor],
+    report: ClipReport,
+    me: str,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The round's mix for the outer step, and the pull of the partners that robust mixing
+    altered, to be added to θ outside it (None when no partner was altered).
+
+    An altered partner enters the outer step as our own θ̃ (its weight does not move the
+    outer gradient) and its clipped difference W_ij (θ̃'_j − θ̃_i) moves θ once, directly.
+    Through the outer step it would move θ by η(1 + μ) = 1.33 times that in the round and
+    η/(1 − μ) = 7 times in all as the momentum carries it on (η = 0.7, μ = 0.9): an
+    insider that pulls the same way every round (a scaled θ̃ is all radial, always
+    towards 0) would have its bounded pull multiplied by 7. Honest partners are rarely
+    altered, and are then mixed without momentum: measured, the cost is within seed noise
+    (bench/results/security_mixing.md).
+    """
+    altered = set(report.clipped) | set(report.rescaled)
+    if not altered:
+        return mix(weights, {**used, me: own}), None
+    mixed = mix(weights, {**{p: own if p in altered else t for p, t in used.items()}, me: own})
+    direct = torch.zeros_like(own)
+    for p in sorted(altered):
+        direct.add_(used[p] - own, alpha=weights[p])
+    return mixed, direct
+
+
+def robust_mix(
+    trust: TrustRadius,
+    tilde: torch.Tensor,
+    base: torch.Tensor,
+    weights: Mapping[str, float],
+    received: Mapping[str, torch.Tensor],
+    me: str,
+) -> tuple[torch.Tensor, torch.Tensor | None, float, ClipReport]:
+    """A round's mix as :class:`~gaslocd.train.worker.Worker` applies it: each partner's
+    θ̃ clipped to the trust radius of the round that went from ``base`` to ``tilde``,
+    then :func:`split_mix`; and the consensus distance to the partners as received."""
+    consensus = pairwise_consensus(tilde, received)
+    change = abs(float(tilde.norm()) - float(base.norm()))
+    used, report = trust.clip(tilde, received, distance(base, tilde), change)
+    return *split_mix(weights, tilde, used, report, me), consensus, report
 
 
 def _radial_part(own_norm: float, d_r: float, tangential: float, rho: float) -> float:

@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gaslocd.algorithm.outer import mix, outer_step_, pairwise_consensus
+from gaslocd.algorithm.outer import outer_step_
 from gaslocd.algorithm.robust import ClipReport, TrustConfig, TrustRadius, all_finite, distance
+from gaslocd.algorithm.robust import robust_mix as _robust_mix
 from gaslocd.config import OuterConfig, TrainConfig
 from gaslocd.train.checkpoint import CHECKPOINT_NAME, build_payload, load_newest, save_checkpoint
 from gaslocd.train.data import BatchSampler, Corpus, held_out_batches
@@ -228,8 +229,10 @@ class Worker:
 
         ``received`` must hold exactly the partners in ``weights`` other than ``me``.
         Each partner's θ̃ is first clipped to the trust radius (robust mixing,
-        :mod:`gaslocd.algorithm.robust`); W is applied unchanged. A step that would make
-        θ non-finite is not taken: θ stays, m restarts from zero, and it is counted.
+        :mod:`gaslocd.algorithm.robust`); W is applied unchanged, and what clipping
+        altered moves θ once, beside the outer step, never through m (``split_mix``). A
+        step that would make θ non-finite is not taken: θ stays, m restarts from zero,
+        and it is counted.
 
         Under overlap (a θ̃ held by :meth:`hold_tilde`) this completes that round's
         eager step: with D = θ̃_t − Σ_j W_ij θ̃_j, the difference between the mixed and
@@ -239,12 +242,15 @@ class Worker:
         """
         if self.pending is not None:
             return self._complete_eager(weights, received, me, cfg)
-        mixed, consensus, report = self._robust_mix(
-            self.flat.flat, self.theta_start, weights, received, me
+        received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
+        mixed, direct, consensus, report = _robust_mix(
+            self.trust, self.flat.flat, self.theta_start, weights, received, me
         )
         with self.lock:
             self.flat.load_(self.theta_start)
             outer_step_(self.flat.flat, self.momentum, mixed, cfg)
+            if direct is not None:
+                self.flat.flat.add_(direct)
             if not all_finite(self.flat.flat):
                 log.warning("round %d: the outer step made θ non-finite; not taken", self.round)
                 self.flat.load_(self.theta_start)
@@ -253,22 +259,6 @@ class Worker:
             self.theta_start = self.flat.clone()
             self.round += 1
         return OuterResult(consensus, report)
-
-    def _robust_mix(
-        self,
-        tilde: torch.Tensor,
-        base: torch.Tensor,
-        weights: Mapping[str, float],
-        received: Mapping[str, torch.Tensor],
-        me: str,
-    ) -> tuple[torch.Tensor, float, ClipReport]:
-        """Σ_j W_ij θ̃_j with each partner's θ̃ clipped to the trust radius of the round
-        that went from ``base`` to ``tilde``; and the consensus distance as received."""
-        received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
-        consensus = pairwise_consensus(tilde, received)
-        change = abs(float(tilde.norm()) - float(base.norm()))
-        used, report = self.trust.clip(tilde, received, distance(base, tilde), change)
-        return mix(weights, {**used, me: tilde}), consensus, report
 
     def _complete_eager(
         self,
@@ -279,16 +269,21 @@ class Worker:
     ) -> OuterResult:
         tilde, base = self.pending, self.pending_base
         assert tilde is not None and base is not None
-        mixed, consensus, report = self._robust_mix(tilde, base, weights, received, me)
+        received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
+        mixed, direct, consensus, report = _robust_mix(
+            self.trust, tilde, base, weights, received, me
+        )
         diff = tilde.sub(mixed)  # D
         with self.lock:
             self.pending = self.pending_base = None
-            if not all_finite(diff):
+            if not all_finite(diff) or (direct is not None and not all_finite(direct)):
                 log.warning("round %d: the mixed outer step is non-finite; not taken", self.round)
                 self.rollbacks[NON_FINITE_OUTER] += 1
                 return OuterResult(consensus, report)
             self.momentum.add_(diff)
             step = diff.mul_(-cfg.lr * (1.0 + cfg.momentum))
+            if direct is not None:
+                step.add_(direct)
             self.theta_start = self.theta_start + step
             self.flat.flat.add_(step)
         return OuterResult(consensus, report)

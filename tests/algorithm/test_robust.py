@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from gaslocd.algorithm.outer import mix
-from gaslocd.algorithm.robust import TrustConfig, TrustRadius, all_finite, distance
+from gaslocd.algorithm.robust import TrustConfig, TrustRadius, all_finite, distance, split_mix
 
 N = 4096
 
@@ -129,3 +130,21 @@ def test_the_history_survives_a_checkpoint_and_a_damaged_one_changes_nothing() -
         fresh = TrustRadius(TrustConfig(window=4, warmup=2))
         assert not fresh.load_state_dict(bad)
         assert fresh.radius(1.0) == 4.0  # still warming up: nothing was taken
+
+
+def test_an_altered_partners_pull_is_split_off_the_outer_step() -> None:
+    """What robust mixing altered moves θ once, outside the outer step; an untouched
+    partner is mixed as before. The round's total pull is the plain mix's either way."""
+    own, trust = _own(), TrustRadius()
+    _warm(trust, own, spread=1.0)
+    honest = own + 0.5 * torch.randn(N, generator=torch.Generator().manual_seed(3)) / math.sqrt(N)
+    w = {"me": 0.5, "h": 0.25, "x": 0.25}
+    used, report = trust.clip(own, {"h": honest, "x": own * 0.1}, progress=1.0)
+    assert report.clipped == ("x",)
+    mixed, direct = split_mix(w, own, used, report, "me")
+    assert torch.allclose(mixed, mix({"me": 0.75, "h": 0.25}, {"me": own, "h": honest}))
+    assert direct is not None
+    assert torch.allclose(direct, 0.25 * (used["x"] - own))
+    assert torch.allclose(mixed + direct, mix(w, {"me": own, **used}), atol=1e-6)
+    alone, none = split_mix(w, own, {"h": honest, "x": own}, replace(report, clipped=()), "me")
+    assert none is None and torch.allclose(alone, mix(w, {"me": own, "h": honest, "x": own}))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gaslocd.algorithm.robust import TrustConfig
-from gaslocd.config import AlgoConfig, SimConfig, TrainConfig
+from gaslocd.config import AlgoConfig, OuterConfig, SimConfig, TrainConfig
 from gaslocd.sim.insider import Insider, InsiderSimulation
 from gaslocd.train.data import Corpus, load_corpus
 from gaslocd.train.inner import NonFiniteLossError
@@ -85,3 +85,28 @@ def test_a_non_finite_loss_rolls_the_round_back_and_training_goes_on(
     monkeypatch.undo()
     w.begin_round()  # the next round trains again
     assert len(w.train(1)) == 1
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_clipped_partners_pull_never_rides_the_outer_momentum(
+    corpus: Corpus, overlap: bool
+) -> None:
+    """An insider's θ̃ (scaled towards 0) is clipped, and what is left of its pull moves θ
+    once: the outer momentum is the one of a round without it, so an insider pulling the
+    same way every round is not multiplied by the momentum (7x at μ = 0.9, η = 0.7)."""
+    cfg = OuterConfig(lr=0.7, momentum=0.9)
+    attacked, alone = Worker(TRAIN, corpus, 0), Worker(TRAIN, corpus, 0)
+    for w in (attacked, alone):
+        w.begin_round()
+        w.train(2)
+        if overlap:
+            w.hold_tilde(cfg)
+    tilde = attacked.pending if overlap else attacked.flat.flat.clone()
+    assert tilde is not None
+    row = {"me": 0.5, "x": 0.5}
+    result = attacked.outer_update(row, {"x": tilde * 0.1}, "me", cfg)
+    alone.outer_update(row, {"x": tilde.clone()}, "me", cfg)  # a partner with our own θ̃
+    assert result.clip.clipped == ("x",)
+    torch.testing.assert_close(attacked.momentum, alone.momentum)
+    moved = float((attacked.theta_start - alone.theta_start).norm())
+    assert 0 < moved <= 0.5 * result.clip.radius * (1 + 1e-4)  # W_ij τ, not η(1 + μ) W_ij τ
