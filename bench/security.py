@@ -102,6 +102,7 @@ class Site:
     tmp: Path
     procs: list[subprocess.Popen[bytes]]
     poisoner: Daemon | None = None
+    attackers: list[int] = field(default_factory=list)  # attacker processes (pids)
 
 
 def honest_flags(rounds: int, tmp: Path, k: int, port: int, peers: int) -> list[str]:
@@ -234,6 +235,7 @@ def attack_dht_records(site: Site) -> Callable[[], dict[str, Any]]:
         cwd=ROOT,
     )
     site.procs.append(proc)
+    site.attackers.append(proc.pid)
 
     def stop() -> dict[str, Any]:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -295,6 +297,7 @@ def start_poisoner(bootstrap: str, procs: list[subprocess.Popen[bytes]]) -> Daem
 def attack_poison_insider(site: Site) -> Callable[[], dict[str, Any]]:
     insider = site.poisoner  # in the run since the lobby (start_site)
     assert insider is not None
+    site.attackers.append(insider.proc.pid)
 
     def stop() -> dict[str, Any]:
         rounds = len(insider.rounds())
@@ -319,17 +322,39 @@ ATTACKS: dict[str, Callable[[Site], Callable[[], dict[str, Any]]]] = {
 # -- measurement -----------------------------------------------------------------------------
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and its descendants (0 once gone)."""
-    total, todo = 0, [pid]
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants."""
+    found, todo = [], [pid]
     while todo:
         p = todo.pop()
+        found.append(p)
         with contextlib.suppress(OSError, ValueError):
-            found = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{p}/status").read_text())
-            total += int(found.group(1)) * 1024 if found else 0  # a zombie has none
             for task in Path(f"/proc/{p}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and its descendants (0 once gone)."""
+    total = 0
+    for p in _tree(pid):
+        with contextlib.suppress(OSError):
+            found = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{p}/status").read_text())
+            total += int(found.group(1)) * 1024 if found else 0  # a zombie has none
     return total
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and its descendants, reaped children's included."""
+    total = 0
+    for p in _tree(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / TICK
 
 
 def _refused(port: int) -> Counter[str]:
@@ -341,15 +366,23 @@ def _refused(port: int) -> Counter[str]:
 
 @dataclass
 class Sampler:
-    """Peak memory and the last refusal counts of the honest daemons, sampled on a thread."""
+    """Peak memory, CPU time and the last refusal counts of the honest daemons, and the
+    attackers' CPU time (this process's, whose threads run the in-process attackers, and
+    the attacker processes'), sampled on a thread every 0.5 s."""
 
     site: Site
     peak: list[int] = field(default_factory=list)
     refused: list[Counter[str]] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # honest CPU seconds since the start
+    attacker_cpu: float = 0.0
 
     def __post_init__(self) -> None:
-        self.peak = [0] * len(self.site.daemons)
-        self.refused = [Counter() for _ in self.site.daemons]
+        n = len(self.site.daemons)
+        self.peak, self.cpu = [0] * n, [0.0] * n
+        self.refused = [Counter() for _ in range(n)]
+        self._cpu0 = [_tree_cpu(d.proc.pid) for d in self.site.daemons]
+        self._own0 = time.process_time()
+        self._attackers0: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -357,12 +390,23 @@ class Sampler:
     def _run(self) -> None:
         tick = 0
         while not self._stop.wait(0.5):  # the sampling period
-            for k, d in enumerate(self.site.daemons):
-                self.peak[k] = max(self.peak[k], _tree_rss(d.proc.pid))
-                if tick % 4 == 0 and d.proc.poll() is None:
-                    with contextlib.suppress(OSError):
-                        self.refused[k] = _refused(self.site.metrics[k])
+            self._sample(tick)
             tick += 1
+
+    def _sample(self, tick: int) -> None:
+        for k, d in enumerate(self.site.daemons):
+            if d.proc.poll() is not None:
+                continue  # keep the last values read while it ran
+            self.peak[k] = max(self.peak[k], _tree_rss(d.proc.pid))
+            self.cpu[k] = max(self.cpu[k], _tree_cpu(d.proc.pid) - self._cpu0[k])
+            if tick % 4 == 0:
+                with contextlib.suppress(OSError):
+                    self.refused[k] = _refused(self.site.metrics[k])
+        spent = 0.0
+        for pid in self.site.attackers:
+            now = _tree_cpu(pid)
+            spent += max(0.0, now - self._attackers0.setdefault(pid, now))
+        self.attacker_cpu = max(self.attacker_cpu, spent + time.process_time() - self._own0)
 
     def stop(self) -> None:
         self._stop.set()
@@ -418,6 +462,10 @@ def _measure(
     refused: Counter[str] = Counter()
     for counts in sampler.refused:
         refused.update(counts)
+    steps = sum(
+        sum(r["inner_steps"] for r in s["rounds"] if r["unix_time"] >= began) for s in summaries
+    )
+    window = max(max(r["unix_time"] for r in s["rounds"]) for s in summaries) - began
     return {
         "scenario": name,
         "exit_codes": codes,
@@ -428,6 +476,8 @@ def _measure(
         "val_loss": statistics.fmean(p["final_val_loss"] for p in per),
         "worst_val_loss": max(p["final_val_loss"] for p in per),
         "peak_rss_mib": max(sampler.peak) / 2**20,
+        "honest_cpu_ms_per_step": 1000 * sum(sampler.cpu) / max(1, steps),
+        "attacker_cores": sampler.attacker_cpu / max(1e-9, window),
         "refused": dict(refused),
         "detail": detail,
     }
@@ -439,19 +489,23 @@ def _measure(
 def _rows(runs: list[dict[str, Any]]) -> Iterator[str]:
     base = [r for r in runs if r["scenario"] == "none"]
     steps = statistics.fmean(r["steps_per_s"] for r in base)
+    cpu = statistics.fmean(r["honest_cpu_ms_per_step"] for r in base)
     loss = statistics.fmean(r["val_loss"] for r in base)
     mem = statistics.fmean(r["peak_rss_mib"] for r in base)
     yield (
-        "| scenario | exit codes | rounds/min | inner steps/s | vs none | exchanges done | "
-        "val loss (mean, worst) | vs none | peak memory MiB | vs none | refused calls |"
+        "| scenario | exit codes | inner steps/s | vs none | honest CPU ms/step | vs none | "
+        "attacker CPU, cores | exchanges done | val loss (mean, worst) | vs none | "
+        "peak memory MiB | vs none | refused calls |"
     )
-    yield "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    yield "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     for r in runs:
         refused = ", ".join(f"{k} {v}" for k, v in sorted(r["refused"].items())) or "-"
         yield (
             f"| {r['scenario']} | {' '.join(map(str, r['exit_codes']))} | "
-            f"{r['rounds_per_min']:.1f} | {r['steps_per_s']:.2f} | "
-            f"{100 * r['steps_per_s'] / steps:.0f}% | {100 * r['exchanged']:.0f}% | "
+            f"{r['steps_per_s']:.2f} | {100 * r['steps_per_s'] / steps:.0f}% | "
+            f"{r['honest_cpu_ms_per_step']:.1f} | "
+            f"{100 * r['honest_cpu_ms_per_step'] / cpu - 100:+.0f}% | "
+            f"{r['attacker_cores']:.2f} | {100 * r['exchanged']:.0f}% | "
             f"{r['val_loss']:.4f}, {r['worst_val_loss']:.4f} | {r['val_loss'] - loss:+.4f} | "
             f"{r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] - mem:+.0f} | {refused} |"
         )
@@ -499,8 +553,13 @@ def write_report(runs: list[dict[str, Any]], out: Path, argv: list[str], seconds
         "127.0.0.1; each attack runs from the daemons' first exchange to their last round. "
         "Rates are over that window, means over the three honest daemons; 'vs none' is "
         "against the mean of the `none` rows. Peak memory: the largest honest daemon's "
-        "process tree (daemon, DHT process, p2pd). Refused calls: summed over the honest "
-        "daemons' `gasloc_calls_refused_total`, read every 2 s while they ran.",
+        "process tree (daemon, DHT process, p2pd). Honest CPU per step: the honest daemons' "
+        "process trees' CPU seconds over the window, per inner step trained: what the "
+        "defences cost them. Attacker CPU: what the attackers themselves burned (this "
+        "process's threads and the attacker processes); on this machine it is taken from "
+        "the cores the honest daemons train on, which a real attacker's machine would not "
+        "be. Refused calls: summed over the honest daemons' `gasloc_calls_refused_total`, "
+        "read every 2 s while they ran.",
         "",
         *_rows(runs),
         "",
@@ -530,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:18s} steps/s {result['steps_per_s']:6.2f}  rounds/min "
             f"{result['rounds_per_min']:5.1f}  exchanged {100 * result['exchanged']:3.0f}%  "
             f"val {result['val_loss']:.4f}  peak {result['peak_rss_mib']:.0f} MiB  "
+            f"cpu/step {result['honest_cpu_ms_per_step']:.1f} ms  "
+            f"attacker {result['attacker_cores']:.2f} cores  "
             f"exits {result['exit_codes']}",
             flush=True,
         )
