@@ -300,11 +300,10 @@ def attack_poison_insider(site: Site) -> Callable[[], dict[str, Any]]:
     site.attackers.append(insider.proc.pid)
 
     def stop() -> dict[str, Any]:
-        rounds = len(insider.rounds())
         insider.signal(signal.SIGTERM)
         with contextlib.suppress(AssertionError):
-            insider.finish(90)
-        return {"insider rounds": rounds}
+            insider.finish(90)  # reads its output, which rounds() counts
+        return {"insider rounds": len(insider.rounds())}
 
     return stop
 
@@ -427,7 +426,8 @@ def run_scenario(name: str, rounds: int) -> dict[str, Any]:
                 detail = stop()
                 sampler.stop()
             summaries = [json.loads((tmp / f"w{k}.json").read_text()) for k in range(3)]
-            return _measure(name, began, codes, summaries, sampler, detail)
+            clips = sum("clipped " in line for d in site.daemons for line in d.lines)
+            return _measure(name, began, codes, summaries, sampler, {**detail, "clips": clips})
         finally:
             for proc in site.procs:
                 if proc.poll() is None:
@@ -563,9 +563,10 @@ def write_report(runs: list[dict[str, Any]], out: Path, argv: list[str], seconds
         "",
         *_rows(runs),
         "",
-        "What each attacker saw:",
+        "What each attacker saw (and `clips`: the partners' θ̃ the honest daemons pulled in "
+        "to their trust radius, from their logs):",
         "",
-        *(f"- {r['scenario']}: {json.dumps(r['detail'])}" for r in runs if r["detail"]),
+        *(f"- {r['scenario']}: {json.dumps(r['detail'])}" for r in runs),
         "",
         "![throughput and loss per attack](security.png)",
         "",
