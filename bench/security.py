@@ -49,7 +49,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -70,9 +69,9 @@ from gaslocd.net.auth import CallAuth
 from gaslocd.net.client import GET_STATE
 from gaslocd.net.proto import peer_pb2 as pb
 from gaslocd.net.roster_auth import peer_id_of_owner
-from tests.daemon.procs import FAST_FLAGS, Daemon, gaslocd_argv, wait_checkpoint
+from tests.daemon.procs import FAST_FLAGS, Daemon, gaslocd_argv
 from tests.faults.fuzz import free_port
-from tests.security.nodes import HostileNode, IdleStrangers, identity_above
+from tests.security.nodes import HostileNode, IdleStrangers, Site, identity_above, refused_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -87,23 +86,6 @@ ORDER = (
     "state-flood",
     "poison-insider",
 )
-
-
-@dataclass
-class Site:
-    """Three honest daemons of one scenario, and what an attacker needs to know of them."""
-
-    daemons: list[Daemon]
-    ids: list[str]
-    addresses: list[str]
-    metrics: list[int]
-    bootstrap: str
-    fingerprint: str
-    numel: int
-    tmp: Path
-    procs: list[subprocess.Popen[bytes]]
-    poisoner: Daemon | None = None
-    attackers: list[int] = field(default_factory=list)  # attacker processes (pids)
 
 
 def honest_flags(rounds: int, tmp: Path, k: int, port: int, peers: int) -> list[str]:
@@ -134,20 +116,7 @@ def start_site(rounds: int, tmp: Path, insider: bool) -> Site:
     ]
     for d in daemons:
         d.wait_for(r"exchanged [1-9]", 240)
-    found = [d.find(r"peer (\S+) run (\S+) gRPC (\S+)") for d in daemons]
-    saved = wait_checkpoint(tmp / "c0" / "checkpoint.pt", 120)
-    return Site(
-        daemons,
-        [m.group(1) for m in found],
-        [m.group(3) for m in found],
-        ports,
-        bootstrap,
-        str(saved["fingerprint"]),
-        saved["theta"].numel(),  # type: ignore[attr-defined]
-        tmp,
-        procs,
-        poisoner,
-    )
+    return Site.of(daemons, ports, bootstrap, tmp, procs=procs, poisoner=poisoner)
 
 
 # -- attacks: each starts its attacker and returns how to stop it ----------------------------
@@ -357,13 +326,6 @@ def _tree_cpu(pid: int) -> float:
     return total / TICK
 
 
-def _refused(port: int) -> Counter[str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    found = re.findall(r'gasloc_calls_refused_total\{reason="([^"]+)"\} (\S+)', text)
-    return Counter({reason: int(float(n)) for reason, n in found if float(n) > 0})
-
-
 @dataclass
 class Sampler:
     """Peak memory, CPU time and the last refusal counts of the honest daemons, and the
@@ -401,7 +363,7 @@ class Sampler:
             self.cpu[k] = max(self.cpu[k], _tree_cpu(d.proc.pid) - self._cpu0[k])
             if tick % 4 == 0:
                 with contextlib.suppress(OSError):
-                    self.refused[k] = _refused(self.site.metrics[k])
+                    self.refused[k] = +refused_counts(self.site.metrics[k])
         spent = 0.0
         for pid in self.site.attackers:
             now = _tree_cpu(pid)

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import subprocess
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+import torch
 from hivemind.utils.crypto import RSAPrivateKey
 
 import gaslocd
@@ -28,7 +33,49 @@ from gaslocd.net.discovery import Discovery
 from gaslocd.net.identity import write_identity
 from gaslocd.net.roster_auth import peer_id_of_owner
 from gaslocd.protocol.records import PeerRecord
+from tests.daemon.procs import Daemon, wait_checkpoint
 from tests.net.hostile import HostilePeer
+
+
+@dataclass
+class Site:
+    """Honest daemons under attack, and what an attacker needs to know of them (the live
+    security tests and bench/security.py)."""
+
+    daemons: list[Daemon]
+    ids: list[str]
+    addresses: list[str]
+    metrics: list[int]
+    bootstrap: str
+    fingerprint: str
+    numel: int
+    tmp: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    poisoner: Daemon | None = None  # an insider daemon in the run (bench/security.py)
+    attackers: list[int] = field(default_factory=list)  # attacker processes (pids)
+
+    @classmethod
+    def of(
+        cls, daemons: list[Daemon], metrics: list[int], bootstrap: str, tmp: Path, **more: Any
+    ) -> Site:
+        """The site of running ``daemons``, its model read from ``tmp/c0``'s checkpoint."""
+        found = [d.find(r"peer (\S+) run (\S+) gRPC (\S+)") for d in daemons]
+        saved = wait_checkpoint(tmp / "c0" / "checkpoint.pt", 120)
+        theta = saved["theta"]
+        assert isinstance(theta, torch.Tensor)
+        ids, addresses = [m.group(1) for m in found], [m.group(3) for m in found]
+        fingerprint = str(saved["fingerprint"])
+        return cls(
+            daemons, ids, addresses, metrics, bootstrap, fingerprint, theta.numel(), tmp, **more
+        )
+
+
+def refused_counts(port: int) -> Counter[str]:
+    """A daemon's ``gasloc_calls_refused_total`` by reason, from its /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found = re.findall(r'gasloc_calls_refused_total\{reason="([^"]+)"\} (\S+)', text)
+    return Counter({reason: int(float(n)) for reason, n in found})
 
 
 class _LoopThread:

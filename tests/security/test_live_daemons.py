@@ -9,15 +9,11 @@ hostile: it must exit with the documented startup error, never a traceback.
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -28,28 +24,16 @@ from gaslocd.net.auth import CallAuth, Metadata
 from gaslocd.net.client import GET_STATE, READY
 from gaslocd.net.proto import peer_pb2 as pb
 from gaslocd.net.roster_auth import peer_id_of_owner
-from tests.daemon.procs import FAST_FLAGS, Daemon, start_first, wait_checkpoint
+from tests.daemon.procs import FAST_FLAGS, Daemon, start_first
 from tests.faults.fuzz import free_port
 from tests.net.hostile import HostilePeer
-from tests.security.nodes import HostileNode, IdleStrangers, identity_above
+from tests.security.nodes import HostileNode, IdleStrangers, Site, identity_above, refused_counts
 
 pytestmark = [pytest.mark.net, pytest.mark.slow]
 
 RUN, TOKEN = "sec-run", "sec-s3cret-token"
 FLAGS = ["--run-id", RUN, "--token", TOKEN, "--min-peers", "2", "--exchange-deadline", "3"]
 ROUND = r"round\s+\d+\s+H\s"
-
-
-@dataclass
-class Site:
-    daemons: list[Daemon]
-    ids: list[str]
-    addresses: list[str]
-    metrics: list[int]
-    bootstrap: str
-    fingerprint: str
-    numel: int
-    tmp: Path
 
 
 @pytest.fixture(scope="module")
@@ -68,18 +52,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             procs, "w1",
         )  # fmt: skip
         second.wait_for(r"exchanged 1/1", 180)
-        found = [d.find(r"peer (\S+) run (\S+) gRPC (\S+)") for d in (first, second)]
-        saved = wait_checkpoint(tmp / "c0" / "checkpoint.pt", 60)
-        yield Site(
-            [first, second],
-            [m.group(1) for m in found],
-            [m.group(3) for m in found],
-            ports,
-            bootstrap,
-            str(saved["fingerprint"]),
-            saved["theta"].numel(),  # type: ignore[attr-defined]
-            tmp,
-        )
+        yield Site.of([first, second], ports, bootstrap, tmp)
         for d in (first, second):
             d.signal(signal.SIGTERM)
         for d in (first, second):
@@ -92,13 +65,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             proc.wait(30)
             if proc.stdout is not None:
                 proc.stdout.close()
-
-
-def _refused(port: int) -> Counter[str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    found = re.findall(r'gasloc_calls_refused_total\{reason="([^"]+)"\} (\S+)', text)
-    return Counter({reason: int(float(n)) for reason, n in found})
 
 
 def _rounds_within(daemon: Daemon, seconds: float) -> int:
@@ -121,7 +87,7 @@ def test_idle_strangers_do_not_slow_training(site: Site) -> None:
     for _ in range(6):
         d.wait_for(ROUND, 60)
     window = time.monotonic() - began
-    before = _refused(site.metrics[0])
+    before = refused_counts(site.metrics[0])
     strangers = IdleStrangers(site.addresses, per_address=100)
     try:
         d.wait_for(ROUND, 60)
@@ -130,7 +96,7 @@ def test_idle_strangers_do_not_slow_training(site: Site) -> None:
         strangers.stop()
     assert attacked >= 0.4 * 6, (attacked, window)
     assert set(strangers.codes) == {"UNAUTHENTICATED"}, strangers.codes
-    refused = _refused(site.metrics[0]) - before
+    refused = refused_counts(site.metrics[0]) - before
     assert refused["unauthenticated"] >= 100, refused
 
 
@@ -152,13 +118,13 @@ def _get_state(address: str, metadata: Metadata, sender: str, fp: str) -> tuple[
     return asyncio.run(call())
 
 
-def test_replays_and_impostors_are_refused(site: Site) -> None:
+def test_replays_and_impostors_arerefused_counts(site: Site) -> None:
     """A captured credential works once, for its target only; an insider (the token and a
     key of its own) cannot pass as another peer; a wrong token is refused at once."""
     key = RSAPrivateKey()
     me = peer_id_of_owner(key.get_public_key().to_bytes())
     newcomer = CallAuth(RUN, TOKEN, me, key, lambda _p: None)
-    before = _refused(site.metrics[0])
+    before = refused_counts(site.metrics[0])
     blob = newcomer.metadata(site.ids[0], "GetState")[0]
     fp = site.fingerprint
     assert _get_state(site.addresses[0], blob, me, fp) == ("OK", "")  # a self-certified newcomer
@@ -183,10 +149,10 @@ def test_replays_and_impostors_are_refused(site: Site) -> None:
         return "OK"
 
     assert asyncio.run(ready()) == "PERMISSION_DENIED"
-    refused = _refused(site.metrics[0]) - before
+    refused = refused_counts(site.metrics[0]) - before
     assert refused["replay"] == 1 and refused["bad-signature"] == 2, refused
     assert refused["unauthenticated"] >= 1
-    assert _refused(site.metrics[1])["wrong-target"] >= 1
+    assert refused_counts(site.metrics[1])["wrong-target"] >= 1
 
 
 def test_a_sybil_at_a_peers_address_learns_no_token(site: Site) -> None:
