@@ -248,7 +248,9 @@ def robust_mix(
 ) -> tuple[torch.Tensor, torch.Tensor | None, float, ClipReport]:
     """A round's mix as :class:`~gaslocd.train.worker.Worker` applies it: each partner's
     θ̃ clipped to the trust radius of the round that went from ``base`` to ``tilde``,
-    then :func:`split_mix`; and the consensus distance to the partners as received."""
+    then :func:`split_mix`; and the consensus distance to the partners as received.
+    The partners' θ̃ (host tensors off the wire) are mixed on ``tilde``'s device."""
+    received = {p: t.to(tilde.device, non_blocking=True) for p, t in received.items()}
     consensus = pairwise_consensus(tilde, received)
     change = abs(float(tilde.norm()) - float(base.norm()))
     used, report = trust.clip(tilde, received, distance(base, tilde), change)

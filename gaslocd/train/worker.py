@@ -242,7 +242,6 @@ class Worker:
         """
         if self.pending is not None:
             return self._complete_eager(weights, received, me, cfg)
-        received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
         mixed, direct, consensus, report = _robust_mix(
             self.trust, self.flat.flat, self.theta_start, weights, received, me
         )
@@ -269,7 +268,6 @@ class Worker:
     ) -> OuterResult:
         tilde, base = self.pending, self.pending_base
         assert tilde is not None and base is not None
-        received = {p: t.to(self.device, non_blocking=True) for p, t in received.items()}
         mixed, direct, consensus, report = _robust_mix(
             self.trust, tilde, base, weights, received, me
         )
