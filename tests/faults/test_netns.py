@@ -87,13 +87,21 @@ def test_partition_then_heal_consensus_falls_back(
     lab4.set_link(3, up=True)
     healed = cut.wait_for(r"round\s+(\d+)\s.*exchanged 1/1", 120)
     healed_round = int(healed.group(1))
-    for _ in range(6):
-        cut.wait_for(r"exchanged 1/1", 120)
-    after = _consensus(cut, after=healed_round - 1)
     # After the heal it exchanges again (by gossip, or after taking a live peer's state
-    # when its θ fell outside the partners' norm bound) and its consensus distance is
-    # back near where it was before the cut. (How far it drifted while cut off depends on
-    # the learning-rate phase, so no lower bound on the first value is asserted.)
+    # when its θ fell outside the partners' norm bound) and its consensus distance comes
+    # back near where it was before the cut. How fast: robust mixing clips the drifted
+    # partner's pull to the trust radius (≥ one local update per round, never amplified by
+    # the outer momentum), so it takes rounds, more the longer the cut lasted (which the
+    # machine's load sets): CI saw 3× the baseline right after the heal and 1.5× after 7
+    # exchanges. Up to 16 exchanges are allowed. (How far it drifted depends on the
+    # learning-rate phase, so no lower bound on the first value is asserted.)
+    after: list[float] = []
+    for n in range(16):
+        cut.wait_for(r"exchanged 1/1", 120)
+        after = _consensus(cut, after=healed_round - 1)
+        if n >= 5 and min(after[-3:]) < 1.5 * baseline:
+            break
+    print("HEAL", baseline, after)
     assert len(after) >= 6 and all(math.isfinite(c) for c in after), after
     assert min(after[-3:]) < 1.5 * baseline, (baseline, after)
     assert len(cut.lines) > mark
