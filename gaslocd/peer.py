@@ -17,6 +17,12 @@ checkpoints and metrics as ``gaslocd join``; only the inner steps are the caller
 TOML config file (``inner_steps``, ``topology``, ``token``, ``checkpoint_dir``...); the
 ones a user's loop owns (model, data, learning rate, precision...) are refused.
 
+``gaslocd start`` and ``join`` are this API too: :meth:`Peer.of_daemon` wraps the daemon
+that builds its own model and data, and :meth:`Peer.run` trains it by calling
+:meth:`Peer.step` after each of gaslocd's own inner steps, on a thread of its own, while
+the main thread runs the daemon with its signal handling. So every daemon exercises the
+handshake a user's loop relies on, and the two cannot drift apart.
+
 One peer per node, not per GPU: under ``torchrun`` data parallelism (DDP) pass the
 replicas' process group (``replica_group=torch.distributed.group.WORLD``) and every rank
 builds a Peer; rank 0 of the group is the gaslocd peer, the others follow it (after each
@@ -47,8 +53,9 @@ from gaslocd.cli.configs import (
 from gaslocd.cli.settings import BY_NAME, settings_of
 from gaslocd.cli.sources import resolve
 from gaslocd.daemon.lifecycle import Daemon
-from gaslocd.train.external import PeerStopped, UserLoop
+from gaslocd.train.external import PeerStopped, UserLoop, take_over
 from gaslocd.train.flat import FlatParameters
+from gaslocd.train.inner import InnerTrainer, NonFiniteLossError
 from gaslocd.train.worker import Worker
 
 __all__ = ["Peer", "PeerStopped"]
@@ -64,6 +71,8 @@ LOOP_OWNS = frozenset(
     }
 )  # fmt: skip
 NOT_SETTINGS = frozenset({"config", "log_level"})
+EXIT_LOOP_FAILED = 1  # Peer.run: the training loop raised (the peer still checkpointed)
+LOOP_JOIN_S = 60.0  # how long Peer.run waits for the loop's step in progress to end
 
 
 def peer_settings(command: str, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,6 +115,7 @@ class Peer:
         self._thread: threading.Thread | None = None
         self.exit_code: int | None = None
         self.error: BaseException | None = None
+        self._inner: InnerTrainer | None = None
         self.replicas = _Replicas(replica_group) if replica_group is not None else None
         self.following = self.replicas is not None and self.replicas.rank != 0
         command = "join" if settings.get("bootstrap") else "start"
@@ -128,6 +138,19 @@ class Peer:
             worker=self.worker,
         )
         self._flat = self.worker.flat.flat
+
+    @classmethod
+    def of_daemon(cls, daemon: Daemon) -> Peer:
+        """A daemon that builds its own model and data (``gaslocd start`` / ``join``) as a
+        peer: :meth:`run` then trains it with gaslocd's inner loop through :meth:`step`.
+        Its worker is built when it starts (the data stream depends on the peer id)."""
+        if daemon.embedded:
+            raise ValueError("that daemon already trains a user's model: use it directly")
+        self = cls.__new__(cls)
+        self._thread, self.exit_code, self.error = None, None, None
+        self.replicas, self.following, self.daemon = None, False, daemon
+        self._inner = None
+        return self
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -188,6 +211,66 @@ class Peer:
         if self.replicas is not None and not self.replicas.stopped:
             self.replicas.announce(STOP, self._flat)
         return self.exit_code
+
+    def run(self, train: Callable[[Peer], object] | None = None) -> int:
+        """Run the peer on this thread, the main one, and ``train(self)`` (a loop that
+        calls :meth:`step`) on a thread of its own; returns the exit status.
+
+        What it adds to ``with peer:``: the daemon owns the signals, as ``gaslocd join``
+        does. SIGTERM or Ctrl-C finishes the round (its exchange within ``stop_timeout``),
+        writes the checkpoint and leaves with status 0; a second one forces. When
+        ``train`` returns, the peer stops the same way; when it raises, too, and the
+        status is 1 (the error is logged and kept in :attr:`error`). ``train`` None: the
+        daemon's own inner loop (a peer made by :meth:`of_daemon`)."""
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("Peer.run needs the main thread (signals): use 'with peer:'")
+        if self.replicas is not None or self._thread is not None:
+            raise RuntimeError("Peer.run is for a peer without replicas, not yet started")
+        own = not self.daemon.embedded
+        if own != (train is None):
+            raise ValueError("train: a loop for a user's model; None for the daemon's own")
+        self.daemon.prepare()
+        if own:
+            self.worker = self.daemon.state
+            self._loop, self._inner = take_over(self.worker, alive=lambda: True)
+            self._flat = self.worker.flat.flat
+        self.daemon.handles_signals = True
+        loop = threading.Thread(
+            target=self._train, args=(train or Peer._own_loop,), name="gaslocd-loop", daemon=True
+        )
+        loop.start()
+        try:
+            self.exit_code = self.daemon.serve()
+        finally:
+            self._loop.stop("the run is over")
+        loop.join(LOOP_JOIN_S)
+        return EXIT_LOOP_FAILED if self.error is not None else self.exit_code
+
+    def _train(self, train: Callable[[Peer], object]) -> None:
+        try:
+            while not self._loop.wait_open(60.0):
+                pass
+            train(self)
+        except PeerStopped:
+            pass  # the daemon stopped first; its exit status says why
+        except BaseException as exc:
+            self.error = exc
+            log.exception("the training loop failed: stopping the peer")
+        finally:
+            self._loop.stop("the training loop ended")  # here: at a step boundary
+            self.daemon.request_stop()
+
+    def _own_loop(self) -> None:
+        """gaslocd's own inner loop, a user of this API like any other."""
+        assert self._inner is not None
+        more = True
+        while more:
+            try:
+                loss = self._inner.step()
+            except NonFiniteLossError as exc:
+                more = self._loop.reject(str(exc))
+            else:
+                more = self.step(loss)
 
     def __enter__(self) -> Peer:
         return self.start()

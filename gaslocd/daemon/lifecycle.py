@@ -93,6 +93,7 @@ class Daemon:
         self._stop_asked = False
         self.rt: Runtime | None = None
         self.embedded = worker is not None
+        self.handles_signals = not self.embedded  # Peer.run sets it: serve is on main then
         if worker is not None:
             self.state = worker
 
@@ -227,7 +228,7 @@ class Daemon:
         self._main = asyncio.current_task()
         self._force = asyncio.Event()
         self._loop = loop = asyncio.get_running_loop()
-        for sig in signals.SIGNALS if not self.embedded else ():
+        for sig in signals.SIGNALS if self.handles_signals else ():
             loop.add_signal_handler(sig, self._on_signal)
         self.rt = rt = self._build_runtime()
         if self._stop_asked:

@@ -18,11 +18,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from gaslocd.train.inner import NonFiniteLossError
+from gaslocd.train.inner import InnerTrainer, NonFiniteLossError
+
+if TYPE_CHECKING:
+    from gaslocd.train.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +35,14 @@ POLL_S = 0.5  # how often a waiting user thread checks that the peer is still al
 
 class PeerStopped(RuntimeError):
     """The peer failed (it could not start, or its daemon ended with an error)."""
+
+
+class Stateful(Protocol):
+    """What a checkpoint keeps of a user's loop besides θ (a scheduler, a data position)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -62,8 +74,10 @@ class UserLoop:
         evaluate: Callable[[], float] | None = None,
         tokens_per_step: int = 0,
         alive: Callable[[], bool] = lambda: True,
+        state: Stateful | None = None,
     ) -> None:
         self.optimizer = optimizer
+        self.state = state
         self._evaluate = evaluate
         self.evaluates = evaluate is not None
         self._tokens_per_step = tokens_per_step
@@ -92,7 +106,9 @@ class UserLoop:
         given). Raises :class:`NonFiniteLossError` when the user reported one, so the
         worker rolls θ back to the round's start as it does for its own loop."""
         with self._cond:
-            if n <= 0 or self._stopped is not None:
+            # The user's thread waits between windows, so this is "before the first step"
+            # (later ones are checked after each step: before the next).
+            if n <= 0 or self._stopped is not None or (should_stop and should_stop()):
                 return []
             window = _Window(n, should_stop, time.perf_counter())
             self._window = window
@@ -112,11 +128,17 @@ class UserLoop:
         return float(self._evaluate()) if self._evaluate is not None else math.nan
 
     def state_dict(self) -> dict[str, Any]:
+        if self.state is not None:
+            return self.state.state_dict()
         optimizer = self.optimizer.state_dict() if self.optimizer is not None else None
         return {"steps_done": self.steps_done, "optimizer": optimizer}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.state is not None:
+            self.state.load_state_dict(state)
         self.steps_done = int(state["steps_done"])
+        if self.state is not None:
+            return
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 
@@ -145,14 +167,9 @@ class UserLoop:
             loss = loss.detach()
         value = math.nan if loss is None else float(loss)
         with self._cond:
-            window = self._window
-            if window is None or window.done:
-                if self._check_running():
-                    return False
-                raise RuntimeError(
-                    "step() with no round open: call Peer.start() (or enter the Peer's "
-                    "'with' block) before the first step, and step from one thread only"
-                )
+            window = self._current()
+            if window is None:
+                return False
             window.losses.append(value)
             self.steps_done += 1
             if loss is not None and not math.isfinite(value):
@@ -162,15 +179,41 @@ class UserLoop:
                 window.should_stop is not None and window.should_stop()
             ):
                 window.done = True
-            if not window.done:
-                return True
-            self._cond.notify_all()
-            opened = self._opened
-            while self._opened == opened:
-                if self._check_running():
-                    return False
-                self._cond.wait(POLL_S)
-            return True
+            return True if not window.done else self._wait_next()
+
+    def reject(self, why: str) -> bool:
+        """The step failed before anything was applied (a non-finite loss or gradient):
+        the round's steps are thrown away, as for a non-finite loss given to :meth:`step`,
+        with ``why`` as the reason logged. Returns as :meth:`step` does."""
+        with self._cond:
+            window = self._current()
+            if window is None:
+                return False
+            window.bad, window.done = why, True
+            return self._wait_next()
+
+    def _current(self) -> _Window | None:
+        """The open window (the lock held); None when stopped; misuse is an error."""
+        window = self._window
+        if window is None or window.done:
+            if self._check_running():
+                return None
+            raise RuntimeError(
+                "step() with no round open: call Peer.start() (or enter the Peer's "
+                "'with' block) before the first step, and step from one thread only"
+            )
+        return window
+
+    def _wait_next(self) -> bool:
+        """The window is done: hand θ to the training thread and wait (the lock held)
+        until the next window opens; False when there is none."""
+        self._cond.notify_all()
+        opened = self._opened
+        while self._opened == opened:
+            if self._check_running():
+                return False
+            self._cond.wait(POLL_S)
+        return True
 
     def stop(self, why: str, failed: bool = False) -> None:
         """No more windows: an open one ends now (its steps so far count); a waiting user
@@ -195,3 +238,24 @@ class UserLoop:
         if self._failed:
             raise PeerStopped(self._stopped)
         return self._stopped is not None
+
+
+def take_over(worker: Worker, alive: Callable[[], bool]) -> tuple[UserLoop, InnerTrainer]:
+    """gaslocd's own inner loop as a user of the library API: the worker's
+    :class:`InnerTrainer` becomes the user's side of a :class:`UserLoop` (its steps, its
+    evaluation, its checkpoint entry, unchanged), so ``gaslocd join`` trains through the
+    same window handshake as any :class:`~gaslocd.Peer`. Returns (the loop, the trainer
+    whose ``step`` the loop's user calls)."""
+    inner = worker.trainer
+    if not isinstance(inner, InnerTrainer):
+        raise TypeError(f"the worker's trainer is a {type(inner).__name__}, not gaslocd's own")
+    loop = UserLoop(
+        evaluate=partial(inner.evaluate, worker.eval_batches),
+        tokens_per_step=inner.tokens_per_step,
+        alive=alive,
+        state=inner,
+    )
+    loop.precision = inner.precision
+    loop.steps_done = inner.steps_done
+    worker.trainer = loop
+    return loop, inner

@@ -137,12 +137,15 @@ class InnerTrainer:
             if should_stop is not None and should_stop():
                 log.debug("stopping after %d of %d steps", len(losses), n)
                 break
-            losses.append(self._step())
+            losses.append(self.step())
         if losses:
             self.last_step_s = (time.perf_counter() - start) / len(losses)
         return losses
 
-    def _step(self) -> float:
+    def step(self) -> float:
+        """One inner step; its loss. Raises :class:`NonFiniteLossError` (nothing applied)
+        for a non-finite loss or gradient. Public: ``gaslocd join``'s loop calls it
+        through the library API (:func:`gaslocd.train.external.take_over`)."""
         x, y = self.sampler.next_batch()  # (B, T) each
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from gaslocd.config import OuterConfig, TrainConfig
-from gaslocd.train.external import PeerStopped, UserLoop
+from gaslocd.train.data import Corpus
+from gaslocd.train.external import PeerStopped, UserLoop, take_over
 from gaslocd.train.worker import Worker
 
 WAIT_S = 30.0
@@ -157,3 +158,68 @@ def test_a_checkpoint_keeps_the_trust_radius(tmp_path: Path) -> None:
     restored.restore(tmp_path)
     assert restored.trust.state_dict() == worker.trust.state_dict()
     assert restored.trust.radius(0.0) == worker.trust.radius(0.0) < math.inf
+
+
+def _own_worker() -> Worker:
+    """gaslocd's own worker (its InnerTrainer, its data stream) on a small random corpus."""
+    g = torch.Generator().manual_seed(0)
+    text = torch.randint(0, 64, (20_000,), generator=g).to(torch.uint8)
+    corpus = Corpus(train=text[:18_000], val=text[18_000:], vocab_size=256, source="random")
+    cfg = TrainConfig(seq_len=32, batch_size=4, warmup_steps=0, eval_batches=1, inner_lr=3e-3)
+    return Worker(cfg, corpus, worker_index=0)
+
+
+def test_the_daemons_own_loop_trains_through_the_handshake(
+    trainer_thread: ThreadPoolExecutor,
+) -> None:
+    """take_over: what `gaslocd join` runs. Its steps, evaluation and checkpoint entry are
+    the InnerTrainer's, taken through windows; the entry keeps its old layout (checkpoints
+    written before the daemon used the API still load)."""
+    worker = _own_worker()
+    loop, inner = take_over(worker, alive=lambda: True)
+    assert worker.trainer is loop and loop.precision == inner.precision == "fp32"
+    assert loop.evaluates and math.isfinite(worker.evaluate())
+    worker.begin_round()
+    window = trainer_thread.submit(worker.train, 3)
+    assert loop.wait_open(WAIT_S)
+    user = ThreadPoolExecutor(max_workers=1)
+    stepped = [user.submit(lambda: loop.step(inner.step())) for _ in range(3)]
+    losses = window.result(timeout=WAIT_S)
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    assert loop.steps_done == inner.steps_done == 3
+    state = loop.state_dict()
+    assert set(state) == {"optimizer", "steps_done", "sampler"}  # InnerTrainer's, as is
+    loop.stop("closed")
+    assert stepped[-1].result(timeout=WAIT_S) is False
+    again = _own_worker()
+    loop2, inner2 = take_over(again, alive=lambda: True)
+    loop2.load_state_dict(state)
+    assert loop2.steps_done == inner2.steps_done == 3
+    assert torch.equal(inner2.sampler.next_batch()[0], inner.sampler.next_batch()[0])
+    with pytest.raises(TypeError, match="not gaslocd's own"):
+        take_over(worker, alive=lambda: True)  # already a UserLoop
+
+
+def test_a_step_rejected_by_the_own_loop_throws_the_round_away(
+    trainer_thread: ThreadPoolExecutor,
+) -> None:
+    worker = _own_worker()
+    loop, inner = take_over(worker, alive=lambda: True)
+    worker.begin_round()
+    start = worker.theta_start.clone()
+    window = trainer_thread.submit(worker.train, 5)
+    assert loop.wait_open(WAIT_S)
+    assert loop.step(inner.step()) is True
+    ended = ThreadPoolExecutor(max_workers=1).submit(loop.reject, "loss is nan at inner step 1")
+    assert window.result(timeout=WAIT_S) == []
+    assert torch.equal(worker.flat.flat, start) and worker.rollbacks["non-finite-loss"] == 1
+    assert worker.train(5) == []  # the round stays thrown away: no window opens
+    loop.stop("closed")
+    assert ended.result(timeout=WAIT_S) is False
+
+
+def test_a_window_whose_stop_already_holds_opens_no_steps() -> None:
+    """As gaslocd's own loop checks before each step: a fill whose partner is already
+    ready trains nothing (the user's thread is not woken for one step)."""
+    loop = UserLoop()
+    assert loop.train_steps(10, lambda: True) == [] and loop.opened == 0
