@@ -9,8 +9,12 @@ a delay is asked for. Packet loss is an nftables rule in each leaf that drops th
 of its packets at random, in and out (``numgen random``): it needs no ``netem``, which
 some kernels lack. Rates may differ per leaf (a straggler's slow link).
 Addresses are 10.231.<lab>.<i+1>/24 and exist only inside the namespaces, so nothing
-reaches or shadows the host's own network. Everything is removed on exit, also after an
-error or Ctrl-C (and ``cleanup_stale()`` removes leftovers of a killed run by name).
+reaches or shadows the host's own network. A leaf in ``nat`` is a home router instead: its
+namespace holds that address and masquerades (nftables) for a host namespace behind it,
+10.232.<lab>.2 on a private /24 of its own, which can dial out but takes no calls from
+the other leaves (they have no route to it): a peer behind NAT. Everything is removed on
+exit, also after an error or Ctrl-C (and ``cleanup_stale()`` removes leftovers of a killed
+run by name).
 
     with NetLab(2, rate_mbit=1000) as lab:
         server = subprocess.Popen(lab.exec_argv(0, [sys.executable, "srv.py"]))
@@ -36,6 +40,17 @@ NFT_TABLE = "gaslocd_loss"
 def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     argv = ["ip", *(["-n", ns] if ns else []), *args]
     return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=30)
+
+
+def _run(ns: str, *argv: str, stdin: str | None = None) -> None:
+    subprocess.run(
+        ["ip", "netns", "exec", ns, *argv],
+        input=stdin,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def _tc(ns: str, *args: str) -> None:
@@ -75,6 +90,25 @@ def loss_available() -> tuple[bool, str]:
     try:
         made = _drop_rules(probe, "lo", 1.0, check=False)
         return (True, "ok") if made.returncode == 0 else (False, made.stderr.strip())
+    finally:
+        _ip("netns", "del", probe, check=False)
+
+
+def nat_available() -> tuple[bool, str]:
+    """Whether a NAT router (nftables masquerade) can be made here; call it where
+    :func:`available` said yes."""
+    if shutil.which("nft") is None:
+        return False, "nft not found (apt-get install nftables)"
+    probe = f"{PREFIX}nat{os.getpid() % 10000}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return False, f"ip netns add failed: {made.stderr.strip()}"
+    try:
+        rules = "table ip t {\n chain c {\n type nat hook postrouting priority srcnat;\n }\n}\n"
+        _run(probe, "nft", "-f", "-", stdin=rules)
+        return True, "ok"
+    except subprocess.CalledProcessError as exc:
+        return False, f"nftables NAT: {exc.stderr.strip()}"
     finally:
         _ip("netns", "del", probe, check=False)
 
@@ -162,6 +196,7 @@ class NetLab:
     rate_mbit: float | Sequence[float | None] | None = None
     delay_ms: float = 0.0
     loss_pct: float = 0.0
+    nat: frozenset[int] = frozenset()  # leaves behind a NAT router (see the module doc)
     lab: int = field(default_factory=lambda: os.getpid() % 200 + 1)
     _made: list[str] = field(default_factory=list)
 
@@ -183,13 +218,22 @@ class NetLab:
         """The name of leaf namespace ``i``."""
         return f"{PREFIX}{self.lab}n{i}"
 
+    def host_ns(self, i: int) -> str:
+        """Where leaf ``i``'s programs run: the leaf, or the host behind its NAT router."""
+        return f"{PREFIX}{self.lab}p{i}" if i in self.nat else self.ns(i)
+
     def address(self, i: int) -> str:
-        """The IPv4 address of leaf ``i`` (only reachable from the other leaves)."""
+        """The IPv4 address programs of leaf ``i`` bind to: reachable from the other leaves,
+        or, behind NAT, from nowhere but its router."""
+        return f"10.232.{self.lab}.2" if i in self.nat else self.public_address(i)
+
+    def public_address(self, i: int) -> str:
+        """Leaf ``i``'s address on the bridge (its router's, behind NAT)."""
         return f"10.231.{self.lab}.{i + 1}"
 
     def exec_argv(self, i: int, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside leaf ``i`` (prefix it to a Popen argument list)."""
-        return ["ip", "netns", "exec", self.ns(i), *argv]
+        return ["ip", "netns", "exec", self.host_ns(i), *argv]
 
     def __enter__(self) -> NetLab:
         try:
@@ -219,7 +263,7 @@ class NetLab:
             _ip("link", "add", host_end, "type", "veth", "peer", "name", f"l{i}", ns=self.hub)
             _ip("link", "set", f"l{i}", "netns", leaf, ns=self.hub)
             _ip("link", "set", f"l{i}", "name", "eth0", ns=leaf)
-            _ip("addr", "add", f"{self.address(i)}/24", "dev", "eth0", ns=leaf)
+            _ip("addr", "add", f"{self.public_address(i)}/24", "dev", "eth0", ns=leaf)
             _ip("link", "set", "eth0", "up", ns=leaf)
             _ip("link", "set", host_end, "master", "br0", ns=self.hub)
             _ip("link", "set", host_end, "up", ns=self.hub)
@@ -227,6 +271,27 @@ class NetLab:
             _shape(self.hub, host_end, self.rates[i], self.delay_ms)  # download
             if self.loss_pct:
                 _drop_rules(leaf, "eth0", self.loss_pct)  # both directions, in the leaf
+            if i in self.nat:
+                self._behind_nat(i)
+
+    def _behind_nat(self, i: int) -> None:
+        """Leaf ``i`` becomes a router: a host namespace on a private /24 behind it, whose
+        outgoing connections it masquerades as its own address."""
+        router, host = self.ns(i), self.host_ns(i)
+        self._add_ns(host)
+        _ip("link", "add", "lan0", "type", "veth", "peer", "name", "eth0", "netns", host, ns=router)
+        _ip("addr", "add", f"10.232.{self.lab}.1/24", "dev", "lan0", ns=router)
+        _ip("link", "set", "lan0", "up", ns=router)
+        _ip("addr", "add", f"{self.address(i)}/24", "dev", "eth0", ns=host)
+        _ip("link", "set", "eth0", "up", ns=host)
+        _ip("route", "add", "default", "via", f"10.232.{self.lab}.1", ns=host)
+        _run(router, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+        rules = (
+            "table ip gaslocd_nat {\n chain post {\n"
+            "  type nat hook postrouting priority srcnat; policy accept;\n"
+            '  oifname "eth0" masquerade\n }\n}\n'
+        )
+        _run(router, "nft", "-f", "-", stdin=rules)
 
     def close(self) -> None:
         """Delete every namespace made (their veths and qdiscs go with them)."""

@@ -218,6 +218,7 @@ class SimConfig:
     latency_ms: float = 10.0
     step_time_s: float | None = None  # None: measured from the real inner steps
     stragglers: tuple[Straggler, ...] = ()
+    unreachable: int = 0  # workers 0..K-1 are behind NAT (as a daemon's --reachable no)
     eval_every: int = 1
     message_bytes: int | None = None  # None: the encoded size of the real model
     # Pairings are drawn from (run id, round), as in the daemon; None: "sim-<seed>", so
@@ -236,10 +237,9 @@ class SimConfig:
         if self.step_time_s is not None:
             _positive("step time (s)", self.step_time_s)
         _check(self.eval_every >= 1, f"eval_every must be >= 1, got {self.eval_every}")
-        _check(
-            self.message_bytes is None or self.message_bytes > 0,
-            f"message bytes must be > 0, got {self.message_bytes}",
-        )
+        mb, k = self.message_bytes, self.unreachable
+        _check(mb is None or mb > 0, f"message bytes must be > 0, got {mb}")
+        _check(0 <= k <= self.workers, f"unreachable must be in 0..workers, got {k}")
         seen: set[int] = set()
         for s in self.stragglers:
             _check(
@@ -326,9 +326,8 @@ class WireConfig:
 class DaemonConfig:
     """One daemon's life in a run: identity, addresses, pacing, persistence.
 
-    ``host`` is where the gRPC and DHT sockets listen; ``announce`` is the host others
-    should dial when that differs (a port mapping, 0.0.0.0 behind NAT). Rounds run until
-    stopped, or ``max_rounds`` (the demo and tests).
+    ``host``: where gRPC and the DHT listen; ``announce``: the host others dial when that
+    differs (a port mapping). Rounds run until stopped, or ``max_rounds``.
     """
 
     run_id: str = "gaslocd"
@@ -337,6 +336,7 @@ class DaemonConfig:
     dht_port: int = 0
     announce: str | None = None  # HOST or HOST:PORT (a port mapping changes the port too)
     bootstrap: tuple[str, ...] = ()
+    reachable: str = "yes"  # "no": behind NAT, dials out only (algorithm/topology.py)
     codec: str = "fp16"
     checkpoint_dir: str | None = None
     # This peer's RSA key file (peer id, roster subkey); None: <checkpoint_dir>/identity.key
@@ -396,6 +396,7 @@ class DaemonConfig:
         mp = self.metrics_port
         _check(mp is None or 0 <= mp < 65536, f"metrics port must be in 0..65535, got {mp}")
         _one_of("codec", self.codec, CODECS)
+        _one_of("reachable", self.reachable, ("yes", "no"))
         _at_least("checkpoint every", self.checkpoint_every, 1)
         _check(
             not self.resume or self.checkpoint_dir is not None,

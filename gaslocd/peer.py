@@ -17,11 +17,10 @@ checkpoints and metrics as ``gaslocd join``; only the inner steps are the caller
 TOML config file (``inner_steps``, ``topology``, ``token``, ``checkpoint_dir``...); the
 ones a user's loop owns (model, data, learning rate, precision...) are refused.
 
-``gaslocd start`` and ``join`` are this API too: :meth:`Peer.of_daemon` wraps the daemon
-that builds its own model and data, and :meth:`Peer.run` trains it by calling
-:meth:`Peer.step` after each of gaslocd's own inner steps, on a thread of its own, while
-the main thread runs the daemon with its signal handling. So every daemon exercises the
-handshake a user's loop relies on, and the two cannot drift apart.
+``gaslocd start`` and ``join`` go through this API's handshake too: their own inner loop
+reports each step as ``peer.step`` does, on a thread of its own, while the main thread
+runs the daemon with its signal handling (:mod:`gaslocd.daemon.host`, which
+:meth:`Peer.run` uses as well). So every daemon exercises what a user's loop relies on.
 
 One peer per node, not per GPU: under ``torchrun`` data parallelism (DDP) pass the
 replicas' process group (``replica_group=torch.distributed.group.WORLD``) and every rank
@@ -37,6 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -52,10 +52,10 @@ from gaslocd.cli.configs import (
 )
 from gaslocd.cli.settings import BY_NAME, settings_of
 from gaslocd.cli.sources import resolve
+from gaslocd.daemon.host import serve_with_loop
 from gaslocd.daemon.lifecycle import Daemon
-from gaslocd.train.external import PeerStopped, UserLoop, take_over
+from gaslocd.train.external import PeerStopped, UserLoop
 from gaslocd.train.flat import FlatParameters
-from gaslocd.train.inner import InnerTrainer, NonFiniteLossError
 from gaslocd.train.worker import Worker
 
 __all__ = ["Peer", "PeerStopped"]
@@ -71,8 +71,6 @@ LOOP_OWNS = frozenset(
     }
 )  # fmt: skip
 NOT_SETTINGS = frozenset({"config", "log_level"})
-EXIT_LOOP_FAILED = 1  # Peer.run: the training loop raised (the peer still checkpointed)
-LOOP_JOIN_S = 60.0  # how long Peer.run waits for the loop's step in progress to end
 
 
 def peer_settings(command: str, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,7 +113,6 @@ class Peer:
         self._thread: threading.Thread | None = None
         self.exit_code: int | None = None
         self.error: BaseException | None = None
-        self._inner: InnerTrainer | None = None
         self.replicas = _Replicas(replica_group) if replica_group is not None else None
         self.following = self.replicas is not None and self.replicas.rank != 0
         command = "join" if settings.get("bootstrap") else "start"
@@ -138,19 +135,6 @@ class Peer:
             worker=self.worker,
         )
         self._flat = self.worker.flat.flat
-
-    @classmethod
-    def of_daemon(cls, daemon: Daemon) -> Peer:
-        """A daemon that builds its own model and data (``gaslocd start`` / ``join``) as a
-        peer: :meth:`run` then trains it with gaslocd's inner loop through :meth:`step`.
-        Its worker is built when it starts (the data stream depends on the peer id)."""
-        if daemon.embedded:
-            raise ValueError("that daemon already trains a user's model: use it directly")
-        self = cls.__new__(cls)
-        self._thread, self.exit_code, self.error = None, None, None
-        self.replicas, self.following, self.daemon = None, False, daemon
-        self._inner = None
-        return self
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -212,65 +196,22 @@ class Peer:
             self.replicas.announce(STOP, self._flat)
         return self.exit_code
 
-    def run(self, train: Callable[[Peer], object] | None = None) -> int:
+    def run(self, train: Callable[[Peer], object]) -> int:
         """Run the peer on this thread, the main one, and ``train(self)`` (a loop that
         calls :meth:`step`) on a thread of its own; returns the exit status.
 
         What it adds to ``with peer:``: the daemon owns the signals, as ``gaslocd join``
-        does. SIGTERM or Ctrl-C finishes the round (its exchange within ``stop_timeout``),
-        writes the checkpoint and leaves with status 0; a second one forces. When
-        ``train`` returns, the peer stops the same way; when it raises, too, and the
-        status is 1 (the error is logged and kept in :attr:`error`). ``train`` None: the
-        daemon's own inner loop (a peer made by :meth:`of_daemon`)."""
-        if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("Peer.run needs the main thread (signals): use 'with peer:'")
+        does (which runs this way too: :mod:`gaslocd.daemon.host`). SIGTERM or Ctrl-C
+        finishes the round (its exchange within ``stop_timeout``), writes the checkpoint
+        and leaves with status 0; a second one forces. When ``train`` returns, the peer
+        stops the same way; when it raises, too, and the status is 1 (the error is logged
+        and kept in :attr:`error`)."""
         if self.replicas is not None or self._thread is not None:
             raise RuntimeError("Peer.run is for a peer without replicas, not yet started")
-        own = not self.daemon.embedded
-        if own != (train is None):
-            raise ValueError("train: a loop for a user's model; None for the daemon's own")
-        self.daemon.prepare()
-        if own:
-            self.worker = self.daemon.state
-            self._loop, self._inner = take_over(self.worker, alive=lambda: True)
-            self._flat = self.worker.flat.flat
-        self.daemon.handles_signals = True
-        loop = threading.Thread(
-            target=self._train, args=(train or Peer._own_loop,), name="gaslocd-loop", daemon=True
+        self.exit_code, self.error = serve_with_loop(
+            self.daemon, lambda: (self._loop, partial(train, self))
         )
-        loop.start()
-        try:
-            self.exit_code = self.daemon.serve()
-        finally:
-            self._loop.stop("the run is over")
-        loop.join(LOOP_JOIN_S)
-        return EXIT_LOOP_FAILED if self.error is not None else self.exit_code
-
-    def _train(self, train: Callable[[Peer], object]) -> None:
-        try:
-            while not self._loop.wait_open(60.0):
-                pass
-            train(self)
-        except PeerStopped:
-            pass  # the daemon stopped first; its exit status says why
-        except BaseException as exc:
-            self.error = exc
-            log.exception("the training loop failed: stopping the peer")
-        finally:
-            self._loop.stop("the training loop ended")  # here: at a step boundary
-            self.daemon.request_stop()
-
-    def _own_loop(self) -> None:
-        """gaslocd's own inner loop, a user of this API like any other."""
-        assert self._inner is not None
-        more = True
-        while more:
-            try:
-                loss = self._inner.step()
-            except NonFiniteLossError as exc:
-                more = self._loop.reject(str(exc))
-            else:
-                more = self.step(loss)
+        return self.exit_code
 
     def __enter__(self) -> Peer:
         return self.start()

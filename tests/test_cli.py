@@ -76,6 +76,8 @@ def test_precedence_flag_over_env_over_config_over_default(
         (["start", "--host", "0.0.0.0", "--port", "0"], "without --token"),
         (["join", "--port", "0"], "--bootstrap"),
         (["start", "--resume", "--port", "0"], "--checkpoint-dir"),
+        (["start", "--reachable", "no", "--algo", "diloco", "--port", "0"], "needs gossip"),
+        (["simulate", "--workers", "4", "--unreachable", "5"], "unreachable must be in"),
     ],
 )
 def test_bad_settings_exit_2_with_a_readable_line(

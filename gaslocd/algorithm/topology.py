@@ -8,6 +8,12 @@ salted per process, and never the global RNG.
 All graphs here are undirected: an edge is one bidirectional exchange on the wire, so
 what i receives from j, j also receives from i. With Metropolis weights this makes every
 W symmetric and doubly stochastic (property P3: mixing preserves the network mean).
+
+**Peers behind NAT** (``unreachable``: they can dial out but cannot be dialled) are never
+paired with each other: an edge needs one end that accepts calls, and that end is dialled
+by the other (:func:`dialer`). With every peer reachable the plans are exactly the ones
+without the rule. When unreachable peers outnumber reachable ones, the extra ones sit out
+the round (self weight 1): which ones changes every round with the shuffle.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +75,17 @@ class RoundPlan:
         return [(a, b) for a in self.roster for b in self.partners[a] if a < b]
 
 
+def dialer(a: str, b: str, unreachable: Collection[str] = ()) -> str:
+    """Which of ``a`` and ``b`` places the call of their exchange: the one behind NAT when
+    exactly one is (the other cannot be dialled), else the smaller id. Both ends compute
+    it from the same roster records, so they never both wait for the other's call."""
+    if a == b:
+        raise ValueError(f"a peer cannot be its own partner ({a!r})")
+    if (a in unreachable) != (b in unreachable):
+        return a if a in unreachable else b
+    return min(a, b)
+
+
 def _validated_roster(roster: Sequence[str]) -> tuple[str, ...]:
     ordered = tuple(sorted(roster))
     if len(set(ordered)) != len(ordered):
@@ -96,6 +113,35 @@ def _ring(order: Sequence[str]) -> dict[str, list[str]]:
     return partners
 
 
+def _one_peer_mixed(order: Sequence[str], unreachable: Collection[str]) -> dict[str, list[str]]:
+    """1-peer pairing in which each unreachable peer gets a reachable one: in shuffled
+    order, the i-th unreachable pairs with the i-th reachable; the remaining reachable
+    ones pair among themselves; unreachable ones beyond the reachable count sit out."""
+    shut = [p for p in order if p in unreachable]
+    open_ = [p for p in order if p not in unreachable]
+    partners = _one_peer(open_[len(shut) :])
+    partners.update({p: [] for p in shut[len(open_) :]})
+    for a, b in zip(shut, open_, strict=False):
+        partners[a], partners[b] = [b], [a]
+    return partners
+
+
+def _ring_mixed(order: Sequence[str], unreachable: Collection[str]) -> dict[str, list[str]]:
+    """A ring with no two unreachable peers adjacent: each of the first reachable peers
+    (in shuffled order) is followed by one unreachable peer; the extra unreachable ones
+    sit out."""
+    shut = [p for p in order if p in unreachable]
+    open_ = [p for p in order if p not in unreachable]
+    cycle: list[str] = []
+    for k, p in enumerate(open_):
+        cycle.append(p)
+        if k < len(shut):
+            cycle.append(shut[k])
+    partners = _ring(cycle) if len(cycle) > 1 else {p: [] for p in cycle}
+    partners.update({p: [] for p in shut[len(open_) :]})
+    return partners
+
+
 def _hypercube(order: Sequence[str], round_index: int) -> dict[str, list[str]]:
     """One-peer exponential graph: in round t, k pairs with k XOR 2^(t mod ⌈log2 n⌉).
 
@@ -115,22 +161,36 @@ def _hypercube(order: Sequence[str], round_index: int) -> dict[str, list[str]]:
 
 
 def plan_round(
-    topology: str, roster: Sequence[str], round_index: int, seed: int | str
+    topology: str,
+    roster: Sequence[str],
+    round_index: int,
+    seed: int | str,
+    unreachable: Collection[str] = (),
 ) -> RoundPlan:
-    """The graph for ``round_index``: identical on every peer that sees the same roster."""
+    """The graph for ``round_index``: identical on every peer that sees the same roster
+    (and the same ``unreachable`` peers among it, from their records)."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"topology must be one of {', '.join(TOPOLOGIES)}; got {topology!r}")
     ordered = _validated_roster(roster)
+    shut = frozenset(unreachable) & frozenset(ordered)
     if topology in ("1peer", "2peer"):
         order = list(ordered)
         random.Random(round_seed(seed, round_index)).shuffle(order)
-        partners = _one_peer(order) if topology == "1peer" else _ring(order)
+        if shut:
+            mixed = _one_peer_mixed if topology == "1peer" else _ring_mixed
+            partners = mixed(order, shut)
+        else:
+            partners = _one_peer(order) if topology == "1peer" else _ring(order)
     elif topology == "ring":
         partners = _ring(ordered)
     elif topology == "exp":
         partners = _hypercube(ordered, round_index)
     else:  # complete
         partners = {p: [q for q in ordered if q != p] for p in ordered}
+    if shut:  # the fixed graphs: an edge between two unreachable peers is dropped
+        partners = {
+            p: [q for q in qs if p not in shut or q not in shut] for p, qs in partners.items()
+        }
     return RoundPlan(
         round=round_index,
         roster=ordered,

@@ -54,11 +54,11 @@ def run_daemon(command: str, resolved: dict[str, Any]) -> int:
 
     # A device or precision this machine lacks is a wrong setting: one line, exit 2.
     resolve_precision(configs[2].precision, resolve_device(configs[2].device))
-    from gaslocd.peer import Peer
+    from gaslocd.daemon.host import serve_own
 
     daemon = Daemon(*configs, role=command, progress=lambda line: print(line, flush=True))
-    try:  # gaslocd's own loop through the library API (Peer.step), the daemon on main
-        return Peer.of_daemon(daemon).run()
+    try:  # the own inner loop through the library API's handshake, the daemon on main
+        return serve_own(daemon)
     except StartupError as exc:
         print(f"gaslocd: cannot start: {exc}", file=sys.stderr, flush=True)
         return EXIT_STARTUP

@@ -180,6 +180,10 @@ SETTINGS: tuple[Setting, ...] = (
        "--host:--port (NAT, a port mapping); the DHT is announced on HOST at --dht-port, "
        "which must then be fixed", DAEMONS, _NET, fields=("daemon.announce",),
        metavar="HOST[:PORT]"),
+    _S("reachable", v.text_value, "yes", "whether other peers can dial this one; no: behind "
+       "a NAT or firewall that takes no inbound calls (it dials out to its partners, is "
+       "never paired with another such peer, and its DHT node is a client)", DAEMONS, _NET,
+       choices=("yes", "no"), fields=("daemon.reachable",)),
     _S("bootstrap", v.text_value, (), "bootstrap address printed by 'gaslocd start' (any "
        "live peer's; repeatable)", frozenset({JOIN}), _NET, kind="list",
        fields=("daemon.bootstrap",), metavar="ADDR"),
@@ -250,6 +254,9 @@ SETTINGS: tuple[Setting, ...] = (
     _S("message_bytes", v.integer, None, "bytes per message on the simulated clock, to time "
        "a bigger model's exchange", frozenset({SIMULATE}), _SIM,
        fields=("sim.message_bytes",), shown_default="the encoded model"),
+    _S("unreachable", v.integer, 0, "workers 0..K-1 are behind NAT: they dial out only and "
+       "are never paired with each other (a daemon's --reachable no)", frozenset({SIMULATE}),
+       _SIM, fields=("sim.unreachable",), metavar="K"),
     _S("straggler", v.straggler, (), "worker I gets FRACTION of the bandwidth (repeatable), "
        "e.g. 0:0.1", frozenset({SIMULATE}), _SIM, kind="list", fields=("sim.stragglers",),
        metavar="I:FRACTION"),

@@ -139,6 +139,7 @@ class RoundDriver:
             await rt.thread.call(rt.state.begin_round)
         self._begun = False
         losses = await self._timed(acct, "train", self._train(setup))
+        rt.server.ready.finished = setup.round  # what a Ready from behind NAT is told
         if self.overlapped:
             losses += await self._timed(acct, "fill", self._fill_in_flight(len(losses)))
             began = rt.clock()
@@ -250,9 +251,14 @@ class RoundDriver:
         """Tell this round's partners we are ready, and train on until they are too
         (the protocol's :class:`~gaslocd.protocol.policy.FillWait`)."""
         rt = self.rt
-        for address in setup.partners.values():
-            rt.spawn(self.membership.notify_ready(address, setup.round))
         fill = rt.policy.fill_wait(setup, done, rt.clock())
+        behind_nat = rt.me in setup.unreachable
+        for peer, address in setup.partners.items():
+            if peer in setup.unreachable and not behind_nat:
+                continue  # nobody can call it: its own Ready asks us, and our reply tells
+            ask = peer if behind_nat and fill is not None else None
+            until = fill.until if fill is not None else 0.0
+            rt.spawn(self.membership.notify_ready(address, setup.round, ask, until))
         partners = list(setup.partners)
         if fill is None or rt.server.partners_ready(setup.round, partners):
             return []

@@ -93,7 +93,7 @@ class Daemon:
         self._stop_asked = False
         self.rt: Runtime | None = None
         self.embedded = worker is not None
-        self.handles_signals = not self.embedded  # Peer.run sets it: serve is on main then
+        self.handles_signals = not self.embedded  # daemon/host.py sets it: serve is on main
         if worker is not None:
             self.state = worker
 
@@ -162,6 +162,7 @@ class Daemon:
             record_ttl_s=self.cfg.record_ttl_s,
             token=self.wire.token,
             identity_path=self.cfg.identity_file,
+            client_mode=self.cfg.reachable == "no",
         )
         self.allreduce: HivemindAllReduce | None = None
         try:
@@ -291,7 +292,7 @@ class Daemon:
             ) from exc
         rt.address = cfg.grpc_address(port)
         rt.server.set_state_provider(self._state_for_newcomer)
-        rt.server.set_status_provider(self._status_fields)
+        rt.server.status_provider = self._status_fields
         metrics_text = ""
         if cfg.metrics_port is not None:
             try:

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 RESYNC_ROUNDS = 5  # a resumed checkpoint further behind the network takes the network's θ
 READY_TIMEOUT_S = 5.0  # a Ready notice is tiny; a partner that does not take it is gone
+READY_POLL_S = 0.25  # behind NAT: how often our Ready asks whether the partner finished
 RESUME_LOOKAROUND_S = 10.0  # how long a resumed daemon looks for peers before going alone
 STATE_FETCH_TIMEOUT_S = 120.0
 POLL_S = 0.25  # DHT polling interval; every poll loop is bounded by a deadline
@@ -82,6 +83,7 @@ class Membership:
             started_at=rt.telemetry.runlog.started_at,
             active_from=rt.active_from,
             free_from=rt.free_from,
+            reachable=rt.cfg.reachable == "yes",
         )
 
     async def publish(self) -> None:
@@ -109,11 +111,25 @@ class Membership:
                 rt.policy.observe_roster(rt.clock(), records)  # stale peers stop counting
         return records
 
-    async def notify_ready(self, address: str, round_: int) -> None:
-        try:
-            await self.rt.server.client.notify_ready(address, round_, READY_TIMEOUT_S)
-        except Exception as exc:  # the exchange itself reports an unreachable partner
-            log.debug("round %d: Ready notice to %s failed: %s", round_, address, exc)
+    async def notify_ready(
+        self, address: str, round_: int, ask: str | None = None, until: float = 0.0
+    ) -> None:
+        """Tell a partner we finished our local steps of ``round_``. ``ask``: its peer id
+        when we are behind NAT, so that it cannot tell us the same by a call: we ask again
+        every :data:`READY_POLL_S` until its reply says it finished too (then its Ready
+        is noted as if it had called), or until ``until`` (our fill's end)."""
+        rt = self.rt
+        while True:
+            try:
+                ready = await rt.server.client.notify_ready(address, round_, READY_TIMEOUT_S)
+            except Exception as exc:  # the exchange itself reports an unreachable partner
+                log.debug("round %d: Ready notice to %s failed: %s", round_, address, exc)
+                ready = False
+            if ask is not None and ready:
+                rt.server.ready.note(round_, ask)
+            if ask is None or ready or rt.clock() + READY_POLL_S >= until:
+                return
+            await asyncio.sleep(READY_POLL_S)  # a poll's pause; `until` bounds the polling
 
     # -- joining -------------------------------------------------------------------------
 

@@ -238,6 +238,7 @@ class GossipMixer:
             receive_buffers=() if setup.long else self._receive_buffers(len(setup.partners)),
             long_rounds=setup.long,
             own_rate=self.rt.links.known_own_rate(),
+            dial=setup.dial,
         )
 
     async def _settle(

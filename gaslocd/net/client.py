@@ -319,8 +319,9 @@ class PeerClient:
         self.stats.bytes_received += sum(4 * n for n in expected.values())
         return state
 
-    async def notify_ready(self, address: str, round_: int, timeout_s: float) -> None:
-        """Tell a partner we finished our local steps of ``round_`` (see ``Ready``)."""
+    async def notify_ready(self, address: str, round_: int, timeout_s: float) -> bool:
+        """Tell a partner we finished our local steps of ``round_`` (see ``Ready``);
+        whether it says it finished them too."""
         call = self.channel(address).unary_unary(
             READY,
             request_serializer=pb.ReadyNotice.SerializeToString,
@@ -328,7 +329,8 @@ class PeerClient:
         )
         notice = pb.ReadyNotice(run_id=self.me.run_id, round=round_, sender=self.me.peer_id)
         metadata, _ = self.auth.metadata(self._peer_at.get(address, ""), "Ready", round_)
-        await call(notice, timeout=timeout_s, metadata=metadata)
+        reply: pb.ReadyReply = await call(notice, timeout=timeout_s, metadata=metadata)
+        return reply.ready
 
     async def status(self, address: str, timeout_s: float) -> pb.StatusReply:
         """The peer's ``StatusReply`` (peer id, run, round, version, free-form fields)."""

@@ -122,7 +122,10 @@ class Discovery:
         start_timeout_s: float = 60.0,
         token: str = "",
         identity_path: str | None = None,
+        client_mode: bool = False,
     ) -> None:
+        """``client_mode``: a node behind NAT, which nobody can dial, reads and stores
+        records through the others and serves none itself (hivemind's client mode)."""
         _check(
             bool(run_id) and len(run_id) <= 64 and run_id.isprintable() and " " not in run_id,
             f"run id must be 1..64 printable characters without spaces, got {run_id!r}",
@@ -151,6 +154,7 @@ class Discovery:
         self._announce = None if announce_host is None else [_host_maddr(announce_host, dht_port)]
         self._ttl_s, self._timeout_s = record_ttl_s, request_timeout_s
         self._start_timeout_s = start_timeout_s
+        self._client_mode = client_mode
         self._dht: DHT | None = None
         self._subkey = b""
         self._peer_id = ""
@@ -191,6 +195,7 @@ class Discovery:
                 wait_timeout=self._timeout_s,
                 startup_timeout=self._start_timeout_s,
                 ensure_bootstrap_success=True,
+                client_mode=self._client_mode,
             )
             try:
                 dht.run_in_background(await_ready=True, timeout=self._start_timeout_s)

@@ -22,7 +22,6 @@ from gaslocd.net.rendezvous import (
     Outcome,
     RoundBoard,
     RoundOffer,
-    dials,
     finished_outcome,
 )
 from gaslocd.net.validation import WireStats
@@ -113,7 +112,7 @@ def _dial_all(
             _dial_until(client, offer, p, long[p]) if p in long else client.dial(offer, p, call_s)
         )
         for p in offer.partners
-        if dials(me, p)
+        if p in offer.dial
     }
 
 

@@ -2,9 +2,10 @@
 
 The daemon *opens* round r once its θ̃ is ready: the offer holds θ̃ (encoded lazily),
 the partners of round r and where each one listens. Of each pair exactly one side dials:
-the peer whose id sorts first (:func:`dials`). A deterministic rule that both sides compute
-from their ids alone means one gRPC call per pair (no duplicate exchange, no tie-break
-messages) and nothing to agree on beyond the pairing itself.
+the peer whose id sorts first (:func:`dials`), or, when exactly one of them is behind
+NAT, that one (the round's plan says so). A deterministic rule that both sides compute
+from the round's roster records means one gRPC call per pair (no duplicate exchange, no
+tie-break messages) and nothing to agree on beyond the pairing itself.
 
 An incoming call *claims* its sender's slot in the offer. The claim waits (bounded) for
 our round r to open when the caller is ahead of us — it finished its local steps first,
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +36,8 @@ MAX_RATE_HINTS = 1024  # partners whose declared link rate is remembered
 
 
 def dials(me: str, peer: str) -> bool:
-    """Whether ``me`` places the call to ``peer`` (the smaller id dials)."""
+    """Whether ``me`` places the call to ``peer`` by the id rule (the smaller id dials);
+    behind NAT the round's plan says otherwise (``RoundSetup.dial``)."""
     if me == peer:
         raise ValueError(f"a peer cannot be its own partner ({me!r})")
     return me < peer
@@ -122,6 +124,7 @@ class RoundOffer:
     # Partners' declared link rates: the server's one dict, kept across rounds.
     rate_hints: dict[str, float] = field(default_factory=dict)
     opened_at: float = 0.0  # loop time
+    dial: frozenset[str] = frozenset()  # the partners we call (the others call us)
 
     def __post_init__(self) -> None:
         for buf in self.buffers:
@@ -187,14 +190,17 @@ class RoundBoard:
         """We are in ``round_`` now (whether or not we open it)."""
         self.current = round_ if self.current is None else max(self.current, round_)
 
-    def open(self, offer: RoundOffer) -> None:
+    def open(self, offer: RoundOffer, dial: Collection[str] | None = None) -> None:
+        """Publish ``offer``; ``dial``: the partners we call (None: by the id rule; the
+        plan's choice when a peer is behind NAT, ``RoundSetup.dial``)."""
         latest = self.latest_round
         if latest is not None and offer.round <= latest:
             raise ValueError(f"round {offer.round} is not after the open round {latest}")
         if self.offer is not None:
             self.close(self.offer)
+        by_ids = frozenset(p for p in offer.partners if dials(self.me, p))  # refuses ourselves
+        offer.dial = by_ids if dial is None else frozenset(dial) & set(offer.partners)
         for peer in offer.partners:
-            dials(self.me, peer)  # refuses ourselves as a partner
             offer.outcomes[peer] = asyncio.get_running_loop().create_future()
         self.offer = offer
         self._changed.set()
@@ -263,7 +269,7 @@ class RoundBoard:
             raise Refusal(
                 "not-a-partner", f"{sender[:64]!r} is not our partner in round {offer.round}"
             )
-        if dials(self.me, sender):
+        if sender in offer.dial:
             raise Refusal("wrong-direction", f"{self.me!r} dials {sender!r}, not the other way")
         if sender in offer.claimed:
             raise Refusal("duplicate", f"{sender!r} already has a call for round {offer.round}")
@@ -283,6 +289,17 @@ class ReadyBook:
         self._per_round = per_round
         self._rounds_kept = rounds_kept
         self._ready: dict[int, frozenset[str]] = {}
+        self.finished = -1  # the last round whose local steps we finished (Ready's reply)
+
+    def note(self, round_: int, peer: str) -> None:
+        """``peer`` replied to our Ready that it finished ``round_`` too: how a peer behind
+        NAT hears it (nobody can call it). Kept as a notice would be, without bounds on
+        the round: we asked about our own round."""
+        got = self._ready.get(round_, frozenset())
+        if len(got) < self._per_round:
+            self._ready[round_] = got | {peer}
+        while len(self._ready) > self._rounds_kept:
+            del self._ready[min(self._ready)]
 
     def add(self, round_: int, sender: str, latest: int | None, round_lead: int) -> None:
         """Record a notice, or refuse one for a round far from ``latest`` (ours)."""
@@ -290,11 +307,7 @@ class ReadyBook:
             raise Refusal("stale-round", f"round {round_} is before our {latest}")
         if latest is not None and round_ > latest + round_lead + 1:
             raise Refusal("future-round", f"round {round_} is too far ahead of {latest}")
-        got = self._ready.get(round_, frozenset())
-        if len(got) < self._per_round:
-            self._ready[round_] = got | {sender}
-        while len(self._ready) > self._rounds_kept:
-            del self._ready[min(self._ready)]
+        self.note(round_, sender)
 
     def all_ready(self, round_: int, partners: Sequence[str]) -> bool:
         got = self._ready.get(round_, frozenset())

@@ -16,8 +16,7 @@ daemon's choice — install it in the process entry point, not on import)::
 ``open_round`` publishes the offer at once: a partner done first can stream (its call
 waits, bounded, until we open). ``exchange_round`` dials the partners we dial
 (:func:`~gaslocd.net.rendezvous.dials`), waits for the others' calls, and returns when
-each partner has an outcome or the deadline passed (a dead or late partner costs at most
-``deadline_s``; ``board.cut`` ends it sooner), with nothing of the round running.
+each has an outcome or the deadline passed (``board.cut`` ends it sooner).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -99,7 +98,7 @@ class ExchangeServer:
         self._client: PeerClient | None = None
         self._board: RoundBoard | None = None
         self._state: StateSource | None = None
-        self._status_provider: StatusProvider | None = None
+        self.status_provider: StatusProvider | None = None  # `gaslocd status`'s fields
         self._ready = ReadyBook()
         self._long: dict[int, LongFlights] = {}
         self.rate_hints: dict[str, float] = {}
@@ -171,9 +170,6 @@ class ExchangeServer:
     def set_state_provider(self, provider: StateProvider) -> None:
         self._state = StateSource(provider)
 
-    def set_status_provider(self, provider: StatusProvider) -> None:
-        self._status_provider = provider
-
     # -- rounds ------------------------------------------------------------------------
 
     def rewind(self) -> None:
@@ -193,6 +189,7 @@ class ExchangeServer:
         receive_buffers: Sequence[torch.Tensor] = (),
         long_rounds: Mapping[str, int] | None = None,
         own_rate: float = 0.0,
+        dial: Collection[str] | None = None,
     ) -> None:
         """Offer ``theta_tilde`` (flat float32, CPU) for round ``round_`` to ``partners``.
 
@@ -201,7 +198,8 @@ class ExchangeServer:
         round and codec. ``receive_buffers`` (float32, our numel) are reused for incoming
         θ̃; one that ends up in a failed exchange holds garbage. ``long_rounds`` (peer →
         rounds of a long exchange) and ``own_rate`` (our link, bytes/s) go in our headers;
-        partners' rates land in :attr:`rate_hints`. Opening a round closes the previous one.
+        partners' rates land in :attr:`rate_hints`. ``dial``: the partners we call (None:
+        the id rule; the plan's choice behind NAT). Opening a round closes the previous one.
         """
         if self._board is None or self._executor is None:
             raise RuntimeError("call start() first")
@@ -216,7 +214,7 @@ class ExchangeServer:
         offer.opened_at = loop.time()
         offer.long_rounds = {p: k for p, k in (long_rounds or {}).items() if p in partners}
         offer.own_rate, offer.rate_hints = own_rate, self.rate_hints
-        self._board.open(offer)
+        self._board.open(offer, dial)
         self.client.learn_addresses(partners)
 
     async def exchange_round(
@@ -244,11 +242,14 @@ class ExchangeServer:
         """The long exchanges of ``round_`` (a task per partner, ending with its outcome)."""
         return self._long.pop(round_, {})
 
-    def partners_ready(self, round_: int, partners: Sequence[str]) -> bool:
-        """Whether every one of ``partners`` said it finished its local steps of ``round_``.
+    @property
+    def ready(self) -> ReadyBook:
+        """Who said it finished which round's local steps, and our own (``finished``)."""
+        return self._ready
 
-        Safe to call from the training thread (it only reads an immutable snapshot).
-        """
+    def partners_ready(self, round_: int, partners: Sequence[str]) -> bool:
+        """Whether all ``partners`` said they finished their local steps of ``round_``
+        (safe from the training thread: it reads an immutable snapshot)."""
         return self._ready.all_ready(round_, partners)
 
     # -- handlers ----------------------------------------------------------------------
@@ -265,7 +266,7 @@ class ExchangeServer:
         except Refusal as refusal:
             await self._refuse(context, refusal)
             raise AssertionError("unreachable: abort raises") from None
-        return pb.ReadyReply()
+        return pb.ReadyReply(ready=self._ready.finished >= notice.round)
 
     async def _exchange(
         self, _requests: object, context: grpc.aio.ServicerContext, claim: Claim
@@ -395,15 +396,12 @@ class ExchangeServer:
         except Refusal as refusal:
             await self._refuse(context, refusal)
             raise AssertionError("unreachable: abort raises") from None
-        fields = self._status_provider() if self._status_provider is not None else {}
+        fields = self.status_provider() if self.status_provider is not None else {}
         latest = self._board.latest_round if self._board is not None else None
         return pb.StatusReply(
-            peer_id=self.me.peer_id,
-            run_id=self.me.run_id,
-            round=latest if latest is not None else 0,
-            version=gaslocd.__version__,
-            fields={str(k): str(v) for k, v in fields.items()},
-        )
+            peer_id=self.me.peer_id, run_id=self.me.run_id, round=latest or 0,
+            version=gaslocd.__version__, fields={str(k): str(v) for k, v in fields.items()},
+        )  # fmt: skip
 
     async def _refuse(
         self, context: grpc.aio.ServicerContext, refusal: Refusal, in_band: bool = False

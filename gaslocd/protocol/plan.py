@@ -13,9 +13,10 @@ import math
 import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gaslocd.algorithm.hpolicy import choose_inner_steps, target_round_time
-from gaslocd.algorithm.topology import RoundPlan, plan_round, roster_digest
+from gaslocd.algorithm.topology import RoundPlan, dialer, plan_round, roster_digest
 from gaslocd.config import AlgoConfig
 from gaslocd.protocol.linkcodec import choose_codec, transfer_s
 from gaslocd.protocol.records import PeerRecord
@@ -100,6 +101,10 @@ class RoundSetup:
     codecs: dict[str, str] = field(default_factory=dict)
     long: dict[str, int] = field(default_factory=dict)
     free_from: int = 0  # > round: we sit out of the pairings until then (our link is slow)
+    # Which of this round's partners, and ourselves, are behind NAT (by their records):
+    # who dials whom (algorithm.topology.dialer), and whose Ready must be asked for.
+    unreachable: frozenset[str] = frozenset()
+    dial: frozenset[str] = frozenset()  # the partners we call (the others call us)
 
     def mixing_row(self, me: str) -> dict[str, float]:
         """This peer's row of W (only itself when it sits out)."""
@@ -229,23 +234,22 @@ def plan_this_round(
     numel: int = 0,
     rate_hints: Mapping[str, float] | None = None,
 ) -> RoundSetup:
-    """Roster → partners → H → deadline → codec per link for ``round_`` (docs/design.md
-    §1 and §3). ``ladder``: the codecs a link may step down to (empty: always the
-    configured one); ``numel``: the model's size, for their message sizes; ``rate_hints``:
-    partners' rates as their headers declared them, used when lower than their records
-    (a slow peer publishes over the link it saturates: its record can be stale)."""
+    """Roster → partners → H → deadline → codec per link for ``round_`` (design §1, §3).
+    ``ladder``: the codecs a link may step down to (empty: the configured one); ``numel``:
+    the model's size; ``rate_hints``: partners' rates as their headers declared them, used
+    when lower than their records (a slow peer's record, published over the link it
+    saturates, can be stale)."""
     active = active_roster(records, round_)
     by_id = {r.peer_id: r for r in active}
     ids = sorted(by_id)
-    plan = plan_round(algo.topology, ids, round_, run_id) if me in by_id else None
+    shut = frozenset(r.peer_id for r in active if not r.reachable)  # behind NAT
+    plan = plan_round(algo.topology, ids, round_, run_id, shut) if me in by_id else None
     partners = {p: by_id[p].address for p in plan.partners_of(me)} if plan else {}
     typical = typical_transfer_s(active, message_bytes)
     steps = [r.step_time_s for r in active if r.step_time_s > 0 and r.peer_id != me]
-    if links.step_time_s is not None:
-        steps.append(links.step_time_s)
+    steps += [] if links.step_time_s is None else [links.step_time_s]
     h_base = algo.inner_steps
-    # Overlapped, a round's exchange runs during the next round's steps: the round is
-    # its compute, and H no longer trades steps for transfer time.
+    # Overlapped, the exchange runs during the next round's steps: H trades nothing for it.
     in_round = 0.0 if algo.overlap else typical
     if steps:
         target = target_round_time(h_base, steps, [in_round])
@@ -279,4 +283,13 @@ def plan_this_round(
         codecs=links_plan.codecs,
         long=links_plan.long,
         free_from=links_plan.free_from,
+        **_behind_nat(me, partners, shut),
     )
+
+
+def _behind_nat(me: str, partners: Collection[str], shut: frozenset[str]) -> dict[str, Any]:
+    """Which of us and the partners are behind NAT, and whom we call (RoundSetup)."""
+    return {
+        "unreachable": shut & {*partners, me},
+        "dial": frozenset(p for p in partners if dialer(me, p, shut) == me),
+    }

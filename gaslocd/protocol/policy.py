@@ -101,9 +101,10 @@ def resync_sources(records: Sequence[PeerRecord], me: str) -> list[PeerRecord]:
     nearest the median of the others' (then the more advanced, then by id).
 
     Not the most advanced: the highest round is what a hostile record claims, and an
-    honest peer's state is as good a round behind as a round ahead.
+    honest peer's state is as good a round behind as a round ahead. Never a peer behind
+    NAT (``reachable`` False): nobody can dial it.
     """
-    others = [r for r in records if r.peer_id != me]
+    others = [r for r in records if r.peer_id != me and r.reachable]
     if not others:
         return []
     middle = statistics.median_low(r.round for r in others)

@@ -16,7 +16,7 @@ from typing import Any
 WIRE_VERSION = 1
 _MAX_STR = 256  # generous for an address or a digest, small enough that garbage stays cheap
 _MAX_INT = 2**62
-_OPTIONAL = ("started_at", "active_from", "free_from")  # added after version 1 was in use
+_OPTIONAL = ("started_at", "active_from", "free_from", "reachable")  # added after v1 was in use
 
 # Plausibility bounds for records read from a network (check_plausible). Generous: an
 # honest record must never fail them, an absurd one (round 2**60) must.
@@ -53,11 +53,16 @@ class PeerRecord:
     # A peer whose link cannot carry a model in a round sits out of the pairings until
     # this round while its long exchange runs (gaslocd.protocol.plan, "Sit out").
     free_from: int = 0
+    # False: behind a NAT or firewall that takes no inbound calls. It dials its partners
+    # (gaslocd.algorithm.topology.dialer) and is never paired with another such peer.
+    reachable: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type == "str":
+            if f.type == "bool":
+                ok, want = type(value) is bool, "a bool"
+            elif f.type == "str":
                 ok = isinstance(value, str) and 0 < len(value) <= _MAX_STR and value.isprintable()
                 want = f"a printable string of 1..{_MAX_STR} characters"
             elif f.type == "int":

@@ -79,6 +79,7 @@ class Schedule:
             seed_as_newcomers(self.peers, self.net, 2 * message_bytes)
         self.fingerprint = fingerprint
         self.free_from = [0] * sim.workers
+        self.unreachable = sim.unreachable
         self.records = [self._record(k, 0, algo.inner_steps) for k in range(sim.workers)]
         self.allreduce = algo.topology == "complete"  # DiLoCo: how anyone runs J/n
         self.fills = algo.adapt_h and algo.algo != "diloco" and not self.allreduce
@@ -108,6 +109,7 @@ class Schedule:
             bandwidth_bytes_per_s=float(peer.links.own_bandwidth()),
             version=__version__,
             free_from=self.free_from[k],
+            reachable=k >= self.unreachable,
         )
 
     # -- phase 1: plan, train, fill ---------------------------------------------------------

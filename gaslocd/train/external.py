@@ -259,3 +259,17 @@ def take_over(worker: Worker, alive: Callable[[], bool]) -> tuple[UserLoop, Inne
     loop.steps_done = inner.steps_done
     worker.trainer = loop
     return loop, inner
+
+
+def own_loop(loop: UserLoop, inner: InnerTrainer) -> None:
+    """gaslocd's own inner loop, a user of the handshake like any other: a step, then
+    :meth:`UserLoop.step` (or :meth:`UserLoop.reject` for a step refused as non-finite),
+    until there is no next round."""
+    more = True
+    while more:
+        try:
+            loss = inner.step()
+        except NonFiniteLossError as exc:
+            more = loop.reject(str(exc))
+        else:
+            more = loop.step(loss)

@@ -8,7 +8,13 @@ import sys
 import pytest
 import torch
 
-from gaslocd.algorithm.topology import mixing_matrix, plan_round, roster_digest, round_seed
+from gaslocd.algorithm.topology import (
+    dialer,
+    mixing_matrix,
+    plan_round,
+    roster_digest,
+    round_seed,
+)
 from gaslocd.config import TOPOLOGIES
 
 
@@ -176,3 +182,66 @@ def test_p4_fixed_ring_degrades_like_one_minus_order_one_over_n_squared() -> Non
     for n, gap in gaps.items():
         assert gap * n * n == pytest.approx(8 * torch.pi**2 / 3, rel=0.25)
     assert gaps[8] > gaps[32] > gaps[128]
+
+
+# -- peers behind NAT ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize(("n", "shut"), [(6, 1), (6, 3), (7, 4), (8, 6), (3, 3)])
+def test_two_unreachable_peers_are_never_partners_and_w_stays_doubly_stochastic(
+    topology: str, n: int, shut: int
+) -> None:
+    roster = _roster(n)
+    unreachable = set(roster[::-1][:shut])  # not a prefix of the sorted order
+    for t in range(12):
+        plan = plan_round(topology, roster, t, "nat", unreachable)
+        assert not [e for e in plan.edges() if set(e) <= unreachable], (t, plan.partners)
+        for p, qs in plan.partners.items():
+            assert all(p in plan.partners[q] for q in qs)
+        w = mixing_matrix(plan)
+        ones = torch.ones(n, dtype=w.dtype)
+        assert torch.allclose(w.sum(0), ones) and torch.allclose(w.sum(1), ones)
+
+
+@pytest.mark.parametrize("topology", ["1peer", "2peer"])
+def test_random_pairings_give_every_unreachable_peer_a_partner_while_they_are_few(
+    topology: str,
+) -> None:
+    roster = _roster(9)
+    unreachable = set(roster[:4])  # 4 behind NAT, 5 reachable
+    for t in range(20):
+        plan = plan_round(topology, roster, t, "nat", unreachable)
+        assert all(plan.degree(p) >= 1 for p in unreachable), (t, plan.partners)
+        reachable_alone = [p for p in roster if p not in unreachable and plan.degree(p) == 0]
+        assert len(reachable_alone) <= (1 if topology == "1peer" else 0)
+
+
+def test_unreachable_peers_beyond_the_reachable_count_sit_out_by_turns() -> None:
+    roster = _roster(8)
+    unreachable = set(roster[:6])  # 6 behind NAT, 2 reachable
+    paired: dict[str, int] = dict.fromkeys(unreachable, 0)
+    for t in range(60):
+        plan = plan_round("1peer", roster, t, "nat", unreachable)
+        assert sum(plan.degree(p) for p in unreachable) == 2  # one per reachable peer
+        for p in unreachable:
+            paired[p] += plan.degree(p)
+    assert min(paired.values()) >= 8, paired  # ~20 each expected: nobody is left out
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_with_everyone_reachable_the_plan_is_the_one_without_the_rule(topology: str) -> None:
+    roster = _roster(9)
+    for t in range(5):
+        assert plan_round(topology, roster, t, "r", ()) == plan_round(topology, roster, t, "r")
+        assert plan_round(topology, roster, t, "r", {"not-in-roster"}) == plan_round(
+            topology, roster, t, "r"
+        )
+
+
+def test_the_peer_behind_nat_dials_otherwise_the_smaller_id() -> None:
+    assert dialer("a", "b") == "a" and dialer("b", "a") == "a"
+    assert dialer("a", "b", {"b"}) == "b" and dialer("b", "a", {"b"}) == "b"
+    assert dialer("a", "b", {"a", "b"}) == "a"  # never planned; the id rule still answers
+    with pytest.raises(ValueError, match="own partner"):
+        dialer("a", "a")

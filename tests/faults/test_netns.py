@@ -169,3 +169,43 @@ def test_a_link_too_slow_for_a_round_sits_out_and_its_long_exchanges_land(
             assert "Traceback" not in d.output(), d.output()
             # (a round cut short by the stop trains no step: its mean loss reads nan)
             assert all(m.group("loss") != "nan" for m in d.rounds() if int(m.group("h")) > 0)
+
+
+_NAT_OK, _NAT_WHY = netns.nat_available() if _OK else (False, _WHY)
+
+
+@pytest.mark.skipif(not _NAT_OK, reason=f"a NAT router cannot be made here: {_NAT_WHY}")
+@pytest.mark.timeout(600)
+def test_peers_behind_nat_dial_out_and_exchange_with_reachable_ones(
+    reaper: list[subprocess.Popen[bytes]],
+) -> None:
+    """Leaves 2 and 3 sit behind NAT routers (nftables masquerade): they can dial out,
+    nobody can dial them, and both hold the same private address, as two homes would.
+    With ``--reachable no`` they join through a reachable peer (their DHT nodes as
+    clients), and every round each is paired with a reachable peer,
+    which it dials; the Ready it cannot be sent it asks for. Without the rule a third of
+    the pairings would join the two NATed peers and half the others would dial one of
+    them: most of their exchanges would fail."""
+    with netns.NetLab(4, rate_mbit=1000, nat=frozenset({2, 3})) as lab:
+        flags = [*FAST_FLAGS, *FLAGS, "--min-peers", "4"]
+        first = NsDaemon(lab, 0, ["start", *flags], reaper)
+        address = first.wait_for(r"bootstrap address: (\S+)", 120).group(1)
+        join = ["join", *flags, "--bootstrap", address]
+        rest = [
+            NsDaemon(lab, i, [*join, *(["--reachable", "no"] if i in lab.nat else [])], reaper)
+            for i in (1, 2, 3)
+        ]
+        daemons = [first, *rest]
+        for d in daemons:
+            d.wait_for(r"peers 4\s", 180)
+        for d in daemons:
+            for _ in range(6):
+                d.wait_for(r"exchanged 1/1", 120)
+        for d in rest[1:]:  # behind NAT
+            paired = [m for m in d.rounds() if m.group("partners") != "0"]
+            ok = sum(m.group("ok") == m.group("partners") for m in paired)
+            assert len(paired) >= 6 and ok >= 0.8 * len(paired), d.output()
+        for d in daemons:
+            d.signal(signal.SIGTERM)
+        for d in daemons:
+            assert d.finish(90) == 0, d.output()

@@ -17,7 +17,7 @@ from gaslocd.config import WireConfig
 from gaslocd.net.auth import Metadata
 from gaslocd.net.client import READY
 from gaslocd.net.proto import peer_pb2 as pb
-from gaslocd.net.rendezvous import ReadyBook
+from gaslocd.net.rendezvous import ExchangeFailure, ExchangeResult, ReadyBook
 from gaslocd.net.server import ExchangeServer
 from gaslocd.net.validation import Identity
 
@@ -132,3 +132,41 @@ def test_ready_book_keeps_only_so_many_senders_per_round() -> None:
     for i in range(200):
         book.add(39, f"s{i}", None, 1)
     assert len(book._ready[39]) == 64
+
+
+def test_the_reply_tells_a_peer_behind_nat_whether_its_partner_finished_too() -> None:
+    """A peer behind NAT cannot be sent Ready: its own notice's reply says whether the
+    callee finished that round's local steps, and a yes is kept as the callee's notice."""
+
+    async def scenario() -> None:
+        async with _pair() as (a, b, b_addr):
+            assert await a.client.notify_ready(b_addr, 3, timeout_s=5.0) is False
+            b.ready.finished = 3  # b's local steps of round 3 are done
+            assert await a.client.notify_ready(b_addr, 3, timeout_s=5.0) is True
+            assert await a.client.notify_ready(b_addr, 4, timeout_s=5.0) is False
+            a.ready.note(3, "peer-b")  # what the asking side does with the yes
+            assert a.partners_ready(3, ["peer-b"]) and not a.partners_ready(4, ["peer-b"])
+
+    asyncio.run(scenario())
+
+
+def test_the_peer_behind_nat_places_the_call_and_both_ends_agree() -> None:
+    """peer-b behind NAT: it dials peer-a although peer-a's id sorts first (the id rule
+    would have peer-a dial), and peer-a accepts. An end that thinks otherwise refuses the
+    call it should have placed itself (``wrong-direction``)."""
+
+    async def exchange(a_dials: set[str] | None) -> tuple[object, object]:
+        async with _pair() as (a, b, b_addr):
+            a_addr = f"127.0.0.1:{a.port}"
+            theta = torch.arange(16, dtype=torch.float32)
+            await a.open_round(7, theta, {"peer-b": b_addr}, dial=a_dials)
+            await b.open_round(7, theta + 1, {"peer-a": a_addr}, dial={"peer-a"})
+            got = await asyncio.gather(a.exchange_round(7, 10.0), b.exchange_round(7, 10.0))
+            return got[0]["peer-b"], got[1]["peer-a"]
+
+    at_a, at_b = asyncio.run(exchange(set()))  # as the plan says (RoundSetup.dial)
+    assert isinstance(at_a, ExchangeResult) and at_a.role == "accept"
+    assert isinstance(at_b, ExchangeResult) and at_b.role == "dial"
+    assert torch.equal(at_a.theta, torch.arange(16, dtype=torch.float32) + 1)
+    at_a, at_b = asyncio.run(exchange(None))  # a goes by the id rule: it calls b too
+    assert isinstance(at_b, ExchangeFailure) and at_b.reason == "refused:wrong-direction"

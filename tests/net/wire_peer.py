@@ -89,7 +89,7 @@ class Peer:
             auth=testkeys.auth_for(RUN_ID, args.peer_id, args.token),
         )
         self.server.set_state_provider(self.state)
-        self.server.set_status_provider(lambda: {"numel": args.numel, "role": "test"})
+        self.server.status_provider = lambda: {"numel": args.numel, "role": "test"}
 
     def state(self) -> PeerState:
         return PeerState(

@@ -201,3 +201,32 @@ def test_a_one_sided_exchange_does_not_count_and_w_stays_doubly_stochastic() -> 
         assert math.isclose(column, 1.0), f"column {p} sums to {column}"
         for q in IDS:
             assert rows[p].get(q, 0.0) == rows[q].get(p, 0.0)  # symmetric
+
+
+def test_peers_behind_nat_are_planned_apart_and_never_asked_for_state() -> None:
+    """Records saying ``reachable: false`` reach the plan: no two of them are partners, the
+    round's setup names which ends are behind NAT (who dials, whose Ready to ask for),
+    and a state is only fetched from reachable peers."""
+    shut = set(IDS[:2])  # a and b behind NAT, c and d reachable
+    records = [replace(_rec(p), reachable=p not in shut) for p in IDS]
+    for t in range(10):
+        for me in IDS:
+            setup = plan_this_round(ALGO, "run", me, t, records, LinkEstimates(), 100_000, None)
+            if me in shut:
+                assert not shut & set(setup.partners), (t, me, setup.partners)
+                assert setup.dial == set(setup.partners)  # it calls every partner
+            assert not shut & setup.dial  # nobody calls a peer behind NAT
+            assert setup.unreachable == shut & {me, *setup.partners}
+    sources = resync_sources(records, IDS[-1])
+    assert sources and not shut & {r.peer_id for r in sources}
+    assert resync_sources([records[0], records[-1]], IDS[-1]) == []  # only NATed others
+
+
+def test_a_record_says_whether_its_peer_can_be_dialled() -> None:
+    rec = replace(_rec("a"), reachable=False)
+    assert PeerRecord.from_wire(rec.to_wire()) == rec
+    old = _rec("a").to_wire()
+    del old["reachable"]  # a peer from before the field: reachable
+    assert PeerRecord.from_wire(old).reachable is True
+    with pytest.raises(ValueError, match="reachable must be a bool"):
+        PeerRecord.from_wire({**old, "reachable": 0})

@@ -31,6 +31,7 @@ def _schedule(
     stragglers: tuple[Straggler, ...] = (),
     h_max: int | None = None,
     run_id: str = "run-a",
+    unreachable: int = 0,
 ) -> Schedule:
     # 20 MB at 100 Mbit/s: 1.6 s per exchange on a normal link; 10 × 0.5 s of compute.
     sim = SimConfig(
@@ -41,6 +42,7 @@ def _schedule(
         step_time_s=0.5,
         stragglers=stragglers,
         message_bytes=20 * MB,
+        unreachable=unreachable,
     )
     algo = AlgoConfig(topology=topology, inner_steps=10, adapt_h=adapt_h, h_max=h_max)
     times = step_times if step_times is not None else [0.5] * workers
@@ -73,6 +75,20 @@ def test_the_pairing_is_plan_round_on_the_run_id_and_round(topology: str) -> Non
     other = _round(_schedule(6, topology, run_id="run-b"), 0)
     if topology != "exp":  # exp is deterministic; random graphs depend on the run id
         assert other.planned_edges() == plan_round(topology, roster, 0, "run-b").edges()
+
+
+@pytest.mark.parametrize("topology", ["1peer", "2peer"])
+def test_workers_behind_nat_are_paired_as_daemons_pair_them(topology: str) -> None:
+    """``--unreachable 4`` of 6: the simulator's plans are the daemon's plan_round with
+    those workers unreachable (never two of them together), and W stays doubly stochastic."""
+    schedule = _schedule(6, topology, unreachable=4)
+    roster = worker_roster(6)
+    shut = set(roster[:4])
+    for t in range(6):
+        state = _round(schedule, t)
+        assert state.planned_edges() == plan_round(topology, roster, t, "run-a", shut).edges()
+        assert not [e for e in state.planned_edges() if set(e) <= shut]
+        _doubly_stochastic(state)
 
 
 def test_peers_that_plan_different_pairings_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:

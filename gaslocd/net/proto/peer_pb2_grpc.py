@@ -86,6 +86,7 @@ class PeerServicer:
         """"I have finished my local steps for this round": a partner still training can then
         exchange at once, and a partner that finished first trains on (instead of idling)
         until it hears this. The worst a forged notice can do is end that extra training.
+        The reply says whether the callee finished too (how a peer behind NAT hears it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
