@@ -23,12 +23,12 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from stragglers import simulate_all
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -45,13 +45,6 @@ def argv_of(topology: str, shut: int) -> list[str]:
         "--topology", topology, "--unreachable", str(shut), "--eval-every", "5",
         "--seed", "0", "--run-id", "nat",
     ]  # fmt: skip
-
-
-def _simulate(argv: list[str], out: Path) -> None:
-    cmd = [sys.executable, "-m", "gaslocd", *argv, "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} failed:\n{proc.stderr[-2000:]}")
 
 
 def paired_shares(summary: dict[str, Any], shut: int) -> tuple[float | None, float | None]:
@@ -152,11 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         todo = {f"{t}-k{k}": argv_of(t, k) for t in TOPOLOGIES for k in SHUT}
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {n: pool.submit(_simulate, a, data / f"{n}.json") for n, a in todo.items()}
-            for name, fut in futures.items():
-                fut.result()
-                print(f"done {name}", flush=True)
+        simulate_all(todo, data, args.jobs)
         from gaslocd import __version__
 
         meta = {

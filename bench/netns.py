@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 PREFIX = "gl"  # namespace and link names start with this (kept short: IFNAMSIZ is 16)
@@ -78,39 +78,45 @@ def available() -> tuple[bool, str]:
     return True, "ok"
 
 
-def loss_available() -> tuple[bool, str]:
-    """Whether random packet loss can be made here (nftables with ``numgen``); call it
-    where :func:`available` said yes."""
+def _nft_probe(tag: str, attempt: Callable[[str], str | None]) -> tuple[bool, str]:
+    """Run ``attempt`` in a scratch namespace: it returns why nftables failed, or None."""
     if shutil.which("nft") is None:
         return False, "nft not found (apt-get install nftables)"
-    probe = f"{PREFIX}loss{os.getpid() % 10000}"
+    probe = f"{PREFIX}{tag}{os.getpid() % 10000}"
     made = _ip("netns", "add", probe, check=False)
     if made.returncode != 0:
         return False, f"ip netns add failed: {made.stderr.strip()}"
     try:
-        made = _drop_rules(probe, "lo", 1.0, check=False)
-        return (True, "ok") if made.returncode == 0 else (False, made.stderr.strip())
+        why = attempt(probe)
+        return (True, "ok") if why is None else (False, why)
     finally:
         _ip("netns", "del", probe, check=False)
+
+
+def loss_available() -> tuple[bool, str]:
+    """Whether random packet loss can be made here (nftables with ``numgen``); call it
+    where :func:`available` said yes."""
+
+    def attempt(ns: str) -> str | None:
+        made = _drop_rules(ns, "lo", 1.0, check=False)
+        return None if made.returncode == 0 else made.stderr.strip()
+
+    return _nft_probe("loss", attempt)
 
 
 def nat_available() -> tuple[bool, str]:
     """Whether a NAT router (nftables masquerade) can be made here; call it where
     :func:`available` said yes."""
-    if shutil.which("nft") is None:
-        return False, "nft not found (apt-get install nftables)"
-    probe = f"{PREFIX}nat{os.getpid() % 10000}"
-    made = _ip("netns", "add", probe, check=False)
-    if made.returncode != 0:
-        return False, f"ip netns add failed: {made.stderr.strip()}"
-    try:
+
+    def attempt(ns: str) -> str | None:
         rules = "table ip t {\n chain c {\n type nat hook postrouting priority srcnat;\n }\n}\n"
-        _run(probe, "nft", "-f", "-", stdin=rules)
-        return True, "ok"
-    except subprocess.CalledProcessError as exc:
-        return False, f"nftables NAT: {exc.stderr.strip()}"
-    finally:
-        _ip("netns", "del", probe, check=False)
+        try:
+            _run(ns, "nft", "-f", "-", stdin=rules)
+        except subprocess.CalledProcessError as exc:
+            return f"nftables NAT: {exc.stderr.strip()}"
+        return None
+
+    return _nft_probe("nat", attempt)
 
 
 def _drop_rules(

@@ -122,6 +122,16 @@ def _simulate(argv: list[str], out: Path) -> dict[str, Any]:
     return dict(json.loads(out.read_text()))
 
 
+def simulate_all(todo: dict[str, list[str]], data: Path, jobs: int) -> None:
+    """Run each ``gaslocd simulate`` command line of ``todo``, its summary to
+    ``data/<name>.json``, ``jobs`` at a time (other simulator benches use it too)."""
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {n: pool.submit(_simulate, a, data / f"{n}.json") for n, a in todo.items()}
+        for name, fut in futures.items():
+            fut.result()
+            print(f"done {name}", flush=True)
+
+
 def message_bytes_fp16(model: str) -> int:
     """fp16 bytes of the model's θ̃ (what a normal link must carry in a fifth of T)."""
     from gaslocd.train.model import build_model
@@ -331,11 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.report_only:
         message = message_bytes_fp16("tiny")
         todo = {r.name: r.argv(grid, message) for r in runs()}
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {n: pool.submit(_simulate, a, data / f"{n}.json") for n, a in todo.items()}
-            for name, fut in futures.items():
-                fut.result()
-                print(f"done {name}", flush=True)
+        simulate_all(todo, data, args.jobs)
         from gaslocd import __version__
 
         meta = {
