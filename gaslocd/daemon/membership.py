@@ -45,7 +45,9 @@ class StartupError(RuntimeError):
 
 
 class StateBusy(StartupError):
-    """Every peer asked for its state was at its limit of concurrent state fetches."""
+    """Every peer asked for its state was at its limit of concurrent state fetches, or
+    the states fetched disagreed: both may pass (honest replicas early in a run can be
+    near the norm bound apart, and mix closer every round), so the fetch is tried again."""
 
 
 STATE_BUSY_RETRIES = 5
@@ -195,14 +197,16 @@ class Membership:
         link, and as much memory for a moment), compared by ‖θ_a − θ_b‖ against the norm
         bound: a join or resync is rare, and a digest would need the other peer to
         compute it on a state we have not seen. When the first two disagree a third
-        decides; states that all disagree are all refused.
+        decides; states that all disagree are all refused, and asked for again a few
+        times (they may have mixed closer since), then the start fails.
         """
         for attempt in range(STATE_BUSY_RETRIES):
             try:
                 return await self._fetch_state_once(others)
-            except StateBusy:
+            except StateBusy as exc:
                 # Newcomers starting together (a compose fleet) queue at a peer's
                 # GetState limit: wait a little, not fail the start.
+                log.warning("fetching the run's state again: %s", exc)
                 await asyncio.sleep(random.uniform(1.0, 2.0) * (attempt + 1))
         return await self._fetch_state_once(others)
 
@@ -227,7 +231,7 @@ class Membership:
         if held:
             errors.append("the states fetched disagree (‖θ_a − θ_b‖ over the norm bound)")
         text = "could not fetch the run's state from any peer: " + "; ".join(errors)
-        if not held and any("RESOURCE_EXHAUSTED" in e for e in errors):
+        if held or any("RESOURCE_EXHAUSTED" in e for e in errors):
             raise StateBusy(text)
         raise StartupError(text)
 

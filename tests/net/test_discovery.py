@@ -68,7 +68,7 @@ async def _poll(
 def test_record_round_trips_through_the_wire() -> None:
     record = _record(A_PEER_ID)
     wire = record.to_wire()
-    assert wire["v"] == 1 and all(type(v) in (int, float, str) for v in wire.values())
+    assert wire["v"] == 1 and all(type(v) in (int, float, str, bool) for v in wire.values())
     assert PeerRecord.from_wire(wire) == record
     assert PeerRecord.from_wire({**wire, "new_field": [1, 2]}) == record  # newer peers
     assert PeerRecord.from_wire({**wire, "step_time_s": 1}).step_time_s == 1.0

@@ -77,7 +77,7 @@ def test_a_non_finite_loss_rolls_the_round_back_and_training_goes_on(
     def poisoned() -> float:
         raise NonFiniteLossError("loss is nan at inner step 2")
 
-    monkeypatch.setattr(w.trainer, "_step", poisoned)
+    monkeypatch.setattr(w.trainer, "step", poisoned)
     assert w.train(3) == []
     assert torch.equal(w.flat.flat, start)  # ... then went back to the round's start
     assert w.rollbacks[NON_FINITE_LOSS] == 1

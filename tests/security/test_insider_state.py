@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from gaslocd.daemon import membership
 from gaslocd.daemon.membership import Membership, StartupError
 from gaslocd.net.state import PeerState
 from gaslocd.protocol.plan import LinkEstimates
@@ -85,11 +86,38 @@ def test_out_of_range_momentum_or_round_falls_back_to_the_next_source() -> None:
     assert m.adopted == []
 
 
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retries' random pause is 0 (it is the product's backoff, not a wait in a test)."""
+    monkeypatch.setattr(membership.random, "uniform", lambda _a, _b: 0.0)
+
+
+@pytest.mark.usefixtures("no_backoff")
 def test_two_disagreeing_states_and_nobody_else_are_both_refused() -> None:
     m = _membership({"a:1": (10, HONEST, torch.zeros(N)), "b:1": (10, -HONEST, torch.zeros(N))})
     with pytest.raises(StartupError, match="disagree"):
         asyncio.run(m.fetch_state([_rec("a", 10), _rec("b", 10)]))
     assert m.adopted == []
+    assert m.asked == ["a", "b"] * (membership.STATE_BUSY_RETRIES + 1)  # asked again
+
+
+@pytest.mark.usefixtures("no_backoff")
+def test_states_that_disagree_are_asked_for_again_and_taken_once_they_agree() -> None:
+    """Honest replicas early in a run can be near the norm bound apart and mix closer
+    every round: a newcomer asks again instead of failing its start (CI saw it once)."""
+    states = {"a:1": (10, HONEST, torch.zeros(N)), "b:1": (10, -HONEST, torch.zeros(N))}
+    m = _membership(states)
+    real_fetch = m.rt.server.client.fetch_state
+
+    async def fetch_state(address: str, *args: Any, **kw: Any) -> PeerState:
+        got = await real_fetch(address, *args, **kw)
+        if address == "b:1":  # b mixed with a meanwhile
+            states["b:1"] = (11, HONEST * 1.1, torch.zeros(N))
+        return got
+
+    m.rt.server.client.fetch_state = fetch_state
+    asyncio.run(m.fetch_state([_rec("a", 10), _rec("b", 10)]))
+    assert m.asked == ["a", "b", "a", "b"] and len(m.adopted) == 1
 
 
 def test_a_lone_source_or_an_unreachable_second_is_taken_after_the_range_checks() -> None:
