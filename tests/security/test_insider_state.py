@@ -104,7 +104,8 @@ def test_two_disagreeing_states_and_nobody_else_are_both_refused() -> None:
 @pytest.mark.usefixtures("no_backoff")
 def test_states_that_disagree_are_asked_for_again_and_taken_once_they_agree() -> None:
     """Honest replicas early in a run can be near the norm bound apart and mix closer
-    every round: a newcomer asks again instead of failing its start (CI saw it once)."""
+    every round: a newcomer asks again instead of failing its start (a clean-clone run of
+    the 5%-loss netns test saw it once)."""
     states = {"a:1": (10, HONEST, torch.zeros(N)), "b:1": (10, -HONEST, torch.zeros(N))}
     m = _membership(states)
     real_fetch = m.rt.server.client.fetch_state
