@@ -134,12 +134,10 @@ class UserLoop:
         return {"steps_done": self.steps_done, "optimizer": optimizer}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.state is not None:
-            self.state.load_state_dict(state)
         self.steps_done = int(state["steps_done"])
         if self.state is not None:
-            return
-        if self.optimizer is not None and state.get("optimizer") is not None:
+            self.state.load_state_dict(state)
+        elif self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 
     # -- the user's thread's side -------------------------------------------------------------
