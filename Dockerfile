@@ -4,8 +4,9 @@
 #   docker build -t gaslocd:cpu --build-arg VARIANT=cpu .   python:3.11-slim, CPU torch
 # TORCH_SPEC / TORCH_INDEX pick another torch build (e.g. another CUDA line).
 #
-# Ports (all TCP; a peer must be reachable on the first two by every other peer):
-#   7070   gRPC: parameter exchange, GetState for newcomers, Status  (--port)
+# Ports (all TCP; publish the first two where you can: a peer that others cannot dial is
+# detected at start-up and dials out only, see README "Behind a home router"):
+#   7070   gRPC: parameter exchange, GetState for newcomers, Status, Probe (--port)
 #   31337  hivemind DHT (libp2p): discovery and the bootstrap address (--dht-port)
 #   9410   Prometheus /metrics (--metrics-port); keep it inside the operator's network
 # Volumes: /var/lib/gaslocd/checkpoints (--checkpoint-dir), /data (token data for --data).

@@ -336,7 +336,7 @@ class DaemonConfig:
     dht_port: int = 0
     announce: str | None = None  # HOST or HOST:PORT (a port mapping changes the port too)
     bootstrap: tuple[str, ...] = ()
-    reachable: str = "yes"  # "no": behind NAT, dials out only (algorithm/topology.py)
+    reachable: str = "auto"  # "no": behind NAT, dials out only; auto: probed (daemon/reach.py)
     codec: str = "fp16"
     checkpoint_dir: str | None = None
     # This peer's RSA key file (peer id, roster subkey); None: <checkpoint_dir>/identity.key
@@ -396,7 +396,7 @@ class DaemonConfig:
         mp = self.metrics_port
         _check(mp is None or 0 <= mp < 65536, f"metrics port must be in 0..65535, got {mp}")
         _one_of("codec", self.codec, CODECS)
-        _one_of("reachable", self.reachable, ("yes", "no"))
+        _one_of("reachable", self.reachable, ("yes", "no", "auto"))
         _at_least("checkpoint every", self.checkpoint_every, 1)
         _check(
             not self.resume or self.checkpoint_dir is not None,

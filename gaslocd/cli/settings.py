@@ -180,10 +180,11 @@ SETTINGS: tuple[Setting, ...] = (
        "--host:--port (NAT, a port mapping); the DHT is announced on HOST at --dht-port, "
        "which must then be fixed", DAEMONS, _NET, fields=("daemon.announce",),
        metavar="HOST[:PORT]"),
-    _S("reachable", v.text_value, "yes", "whether other peers can dial this one; no: behind "
+    _S("reachable", v.text_value, "auto", "whether other peers can dial this one; no: behind "
        "a NAT or firewall that takes no inbound calls (it dials out to its partners, is "
-       "never paired with another such peer, and its DHT node is a client)", DAEMONS, _NET,
-       choices=("yes", "no"), fields=("daemon.reachable",)),
+       "never paired with another such peer, and its DHT node is a client); auto: a "
+       "joining peer asks live peers to dial it back", DAEMONS, _NET,
+       choices=("yes", "no", "auto"), fields=("daemon.reachable",)),
     _S("bootstrap", v.text_value, (), "bootstrap address printed by 'gaslocd start' (any "
        "live peer's; repeatable)", frozenset({JOIN}), _NET, kind="list",
        fields=("daemon.bootstrap",), metavar="ADDR"),

@@ -30,7 +30,7 @@ import uvloop
 
 from gaslocd import __version__
 from gaslocd.config import AlgoConfig, DaemonConfig, TrainConfig, WireConfig
-from gaslocd.daemon import signals
+from gaslocd.daemon import reach, signals
 from gaslocd.daemon.checkpoints import prepare as prepare_checkpoints
 from gaslocd.daemon.driver import RoundDriver
 from gaslocd.daemon.membership import Membership, StartupError
@@ -302,6 +302,7 @@ class Daemon:
                     f"cannot serve metrics on port {cfg.metrics_port}: {exc}"
                 ) from exc
             metrics_text = f" metrics :{bound}"
+        await reach.settle(rt, all_reduce=self.allreduce is not None)
         if cfg.resume:
             await self._restore()
         if self.role == "join" or cfg.resume:
@@ -312,9 +313,7 @@ class Daemon:
         # Heartbeats start now, not after the lobby: a record not refreshed while we wait
         # for peers would expire and make us invisible to the very peers we wait for.
         rt.spawn(self.membership.heartbeat())
-        bootstrap = self.discovery.bootstrap_addresses()
-        if cfg.address_file:
-            Path(cfg.address_file).write_text("\n".join(bootstrap) + "\n")
+        bootstrap = reach.share_bootstrap(rt)
         self.progress(
             f"gaslocd {__version__} {self.role}: peer {rt.me} run {cfg.run_id} "
             f"gRPC {rt.address} round {rt.state.round} (active from {rt.active_from}), "
@@ -322,7 +321,7 @@ class Daemon:
             f"{rt.state.trainer.precision}, "
             f"{self.algo.algo}/{self.algo.topology} codec {cfg.codec}{metrics_text}"
         )
-        self.progress(f"bootstrap address: {bootstrap[0]}")
+        self.progress(bootstrap)
         if cfg.min_peers > 1 and rt.active_from == 0:  # a run that has not started yet
             await self.membership.lobby()
 
@@ -364,6 +363,7 @@ class Daemon:
             "codec": self.cfg.codec,
             "model": self.train.model,
             "address": self._runtime().address,
+            "reachable": self._runtime().reachable,
         }
 
     async def _checkpoint(self) -> None:

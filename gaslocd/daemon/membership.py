@@ -85,7 +85,7 @@ class Membership:
             started_at=rt.telemetry.runlog.started_at,
             active_from=rt.active_from,
             free_from=rt.free_from,
-            reachable=rt.cfg.reachable == "yes",
+            reachable=rt.reachable,
         )
 
     async def publish(self) -> None:

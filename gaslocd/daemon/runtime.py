@@ -63,6 +63,8 @@ class Runtime:
     address: str = ""
     active_from: int = 0
     free_from: int = 0  # sitting out of the pairings until this round (a slow link)
+    reachable: bool = True  # others can dial our gRPC port (daemon/reach.py decides)
+    dht_serving: bool = True  # our DHT node serves others (not behind NAT)
     stopping: bool = False
     clock: Callable[[], float] = monotonic
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)

@@ -57,6 +57,7 @@ EXCHANGE = f"/{SERVICE}/Exchange"
 GET_STATE = f"/{SERVICE}/GetState"
 STATUS = f"/{SERVICE}/Status"
 READY = f"/{SERVICE}/Ready"
+PROBE = f"/{SERVICE}/Probe"
 
 
 def failure_from_rpc(
@@ -344,4 +345,20 @@ class PeerClient:
         request = pb.StatusRequest(run_id=self.me.run_id)
         metadata, _ = self.auth.metadata("", "Status")
         reply: pb.StatusReply = await call(request, timeout=timeout_s, metadata=metadata)
+        return reply
+
+    async def probe(
+        self, address: str, prober: str, grpc_port: int, dht_port: int, timeout_s: float
+    ) -> pb.ProbeReply:
+        """Ask ``prober`` (at ``address``) to dial us back (see ``gaslocd.net.probe``)."""
+        call = self.channel(address).unary_unary(
+            PROBE,
+            request_serializer=pb.ProbeRequest.SerializeToString,
+            response_deserializer=pb.ProbeReply.FromString,
+        )
+        request = pb.ProbeRequest(
+            run_id=self.me.run_id, sender=self.me.peer_id, grpc_port=grpc_port, dht_port=dht_port
+        )
+        metadata, _ = self.auth.metadata(prober, "Probe")
+        reply: pb.ProbeReply = await call(request, timeout=timeout_s, metadata=metadata)
         return reply

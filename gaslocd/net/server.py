@@ -38,6 +38,7 @@ from gaslocd.net.codecs import ErrorFeedback, FeedbackBank
 from gaslocd.net.flights import Extend, LongFlights, exchange_offer
 from gaslocd.net.frames import frame_refusal
 from gaslocd.net.gate import CallGate, Limits, Method
+from gaslocd.net.probe import DialBack
 from gaslocd.net.proto import peer_pb2 as pb
 from gaslocd.net.rendezvous import (
     ExchangeFailure,
@@ -74,7 +75,7 @@ log = logging.getLogger(__name__)
 
 
 class ExchangeServer:
-    """Serves Exchange / GetState / Status and dials this peer's partners."""
+    """Serves Exchange / GetState / Status / Ready / Probe and dials this peer's partners."""
 
     def __init__(
         self,
@@ -100,6 +101,7 @@ class ExchangeServer:
         self._state: StateSource | None = None
         self.status_provider: StatusProvider | None = None  # `gaslocd status`'s fields
         self._ready = ReadyBook()
+        self._dial_back = DialBack(config, me, auth, self._refuse)
         self._long: dict[int, LongFlights] = {}
         self.rate_hints: dict[str, float] = {}
 
@@ -124,6 +126,7 @@ class ExchangeServer:
             "Ready": Method(
                 self._ready_notice, False, False, pb.ReadyReply.SerializeToString, True, True
             ),
+            "Probe": Method(self._dial_back.handle, False, False, pb.ProbeReply.SerializeToString),
         }
         gate = CallGate(SERVICE, methods, self.auth, self.stats.refused, self.limits)
         server.add_generic_rpc_handlers((gate,))
@@ -162,7 +165,7 @@ class ExchangeServer:
 
     @property
     def client(self) -> PeerClient:
-        """Outgoing calls that are not exchanges: ``fetch_state``, ``status``."""
+        """Outgoing calls that are not exchanges: ``fetch_state``, ``status``, ``probe``."""
         if self._client is None:
             raise RuntimeError("call start() first")
         return self._client
@@ -280,11 +283,9 @@ class ExchangeServer:
                 raise Refusal("malformed", "the header's round is not the call's")
             check_static(self.me, header.run_id, header.fingerprint)
             offer = await self._board.claim(header.round, header.sender, self.config.accept_wait_s)
-        except Refusal as refusal:
+        except (Refusal, TimeoutError) as failed:
+            refusal = failed if isinstance(failed, Refusal) else Refusal("timeout", "no header")
             await self._refuse(context, refusal, in_band=True)
-            return
-        except TimeoutError:
-            await self._refuse(context, Refusal("timeout", "no header"), in_band=True)
             return
         sender = header.sender
         work = asyncio.ensure_future(self._accept(offer, header, context))

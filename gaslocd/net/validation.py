@@ -54,6 +54,7 @@ _CODES: dict[str, grpc.StatusCode] = {
     "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
     "no-state": grpc.StatusCode.UNAVAILABLE,
     "state-range": grpc.StatusCode.INVALID_ARGUMENT,
+    "probe-busy": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 REASONS = tuple(_CODES)
 M = TypeVar("M", bound=Message)

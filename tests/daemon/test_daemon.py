@@ -70,6 +70,8 @@ def test_late_joiner_takes_the_networks_state(
     network = first.wait_for(r"round\s+8\s+H\s+\d+\s+loss (\S+)", 120)
     network_loss = float(network.group(1))
     late = _join(address, reaper, "w2")
+    # --reachable auto (the default): a live peer dialled it back, where it saw it call from
+    late.wait_for(r"reachable: gRPC yes, DHT yes \(seen as 127\.0\.0\.1 by 1 peer\)", 60)
     took = late.wait_for(r"took state of round (\d+)", 120)
     assert int(took.group(1)) >= 8
     first_round = late.wait_for(r"round\s+\d+\s+H\s+\d+\s+loss (\S+)", 60)

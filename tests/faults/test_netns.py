@@ -5,6 +5,7 @@ and removed by the test; as root only (the test says why it skips otherwise)."""
 from __future__ import annotations
 
 import math
+import re
 import signal
 import statistics
 import subprocess
@@ -181,21 +182,25 @@ def test_peers_behind_nat_dial_out_and_exchange_with_reachable_ones(
 ) -> None:
     """Leaves 2 and 3 sit behind NAT routers (nftables masquerade): they can dial out,
     nobody can dial them, and both hold the same private address, as two homes would.
-    With ``--reachable no`` they join through a reachable peer (their DHT nodes as
-    clients), and every round each is paired with a reachable peer,
-    which it dials; the Ready it cannot be sent it asks for. Without the rule a third of
-    the pairings would join the two NATed peers and half the others would dial one of
-    them: most of their exchanges would fail."""
+    Nobody is told: with ``--reachable auto`` (the default) each joiner asks a live peer
+    to dial it back, and 2 and 3 find that nobody can (seen as their routers' address),
+    make their DHT nodes clients and print no bootstrap address; 1 finds it can be. Then
+    every round each NATed peer is paired with a reachable peer, which it dials; the
+    Ready it cannot be sent it asks for. Without the rule a third of the pairings would
+    join the two NATed peers and half the others would dial one of them: most of their
+    exchanges would fail."""
     with netns.NetLab(4, rate_mbit=1000, nat=frozenset({2, 3})) as lab:
         flags = [*FAST_FLAGS, *FLAGS, "--min-peers", "4"]
         first = NsDaemon(lab, 0, ["start", *flags], reaper)
         address = first.wait_for(r"bootstrap address: (\S+)", 120).group(1)
         join = ["join", *flags, "--bootstrap", address]
-        rest = [
-            NsDaemon(lab, i, [*join, *(["--reachable", "no"] if i in lab.nat else [])], reaper)
-            for i in (1, 2, 3)
-        ]
+        rest = [NsDaemon(lab, i, join, reaper) for i in (1, 2, 3)]
         daemons = [first, *rest]
+        rest[0].wait_for(r"reachable: gRPC yes, DHT yes \(seen as 10\.231\.", 120)
+        for i, d in enumerate(rest[1:], start=2):
+            seen = re.escape(lab.public_address(i))  # its router's
+            d.wait_for(rf"reachable: gRPC no, DHT no \(seen as {seen} ", 120)
+            d.wait_for(r"bootstrap address: none \(this peer cannot be dialled", 60)
         for d in daemons:
             d.wait_for(r"peers 4\s", 180)
         for d in daemons:

@@ -119,6 +119,28 @@ class ReadyReply(_message.Message):
     ready: bool
     def __init__(self, ready: _Optional[bool] = ...) -> None: ...
 
+class ProbeRequest(_message.Message):
+    __slots__ = ("run_id", "sender", "grpc_port", "dht_port")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    GRPC_PORT_FIELD_NUMBER: _ClassVar[int]
+    DHT_PORT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    sender: str
+    grpc_port: int
+    dht_port: int
+    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., grpc_port: _Optional[int] = ..., dht_port: _Optional[int] = ...) -> None: ...
+
+class ProbeReply(_message.Message):
+    __slots__ = ("grpc_reachable", "dht_reachable", "observed_host")
+    GRPC_REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    DHT_REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_HOST_FIELD_NUMBER: _ClassVar[int]
+    grpc_reachable: bool
+    dht_reachable: bool
+    observed_host: str
+    def __init__(self, grpc_reachable: _Optional[bool] = ..., dht_reachable: _Optional[bool] = ..., observed_host: _Optional[str] = ...) -> None: ...
+
 class StatusReply(_message.Message):
     __slots__ = ("peer_id", "run_id", "round", "version", "fields")
     class FieldsEntry(_message.Message):

@@ -54,6 +54,11 @@ class PeerStub:
                 request_serializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyNotice.SerializeToString,
                 response_deserializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyReply.FromString,
                 _registered_method=True)
+        self.Probe = channel.unary_unary(
+                '/gaslocd.v1.Peer/Probe',
+                request_serializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ProbeRequest.SerializeToString,
+                response_deserializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ProbeReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -92,6 +97,15 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Probe(self, request, context):
+        """"Can you dial me?": the callee dials the caller back, only at the address it sees
+        the call come from (never one the caller names), and says whether the caller's own
+        server answered there. A newcomer with `--reachable auto` asks this of live peers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +128,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Ready,
                     request_deserializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyNotice.FromString,
                     response_serializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyReply.SerializeToString,
+            ),
+            'Probe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Probe,
+                    request_deserializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ProbeRequest.FromString,
+                    response_serializer=gaslocd_dot_net_dot_proto_dot_peer__pb2.ProbeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -224,6 +243,33 @@ class Peer:
             '/gaslocd.v1.Peer/Ready',
             gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyNotice.SerializeToString,
             gaslocd_dot_net_dot_proto_dot_peer__pb2.ReadyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Probe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gaslocd.v1.Peer/Probe',
+            gaslocd_dot_net_dot_proto_dot_peer__pb2.ProbeRequest.SerializeToString,
+            gaslocd_dot_net_dot_proto_dot_peer__pb2.ProbeReply.FromString,
             options,
             channel_credentials,
             insecure,
