@@ -76,7 +76,6 @@ def test_precedence_flag_over_env_over_config_over_default(
         (["start", "--host", "0.0.0.0", "--port", "0"], "without --token"),
         (["join", "--port", "0"], "--bootstrap"),
         (["start", "--resume", "--port", "0"], "--checkpoint-dir"),
-        (["start", "--reachable", "no", "--algo", "diloco", "--port", "0"], "needs gossip"),
         (["simulate", "--workers", "4", "--unreachable", "5"], "unreachable must be in"),
     ],
 )

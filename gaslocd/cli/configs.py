@@ -104,13 +104,7 @@ def train_config(resolved: Mapping[str, Any]) -> TrainConfig:
 
 def daemon_config(resolved: Mapping[str, Any]) -> DaemonConfig:
     """One daemon's identity, addresses, pacing and persistence."""
-    cfg = DaemonConfig(**config_fields("daemon", resolved))
-    if cfg.reachable == "no" and resolved.get("algo") == "diloco":
-        raise ValueError(
-            "--reachable no needs gossip (--algo gasloc or gossip): DiLoCo's all-reduce "
-            "dials every peer of its group"
-        )
-    return cfg
+    return DaemonConfig(**config_fields("daemon", resolved))
 
 
 def wire_config(resolved: Mapping[str, Any]) -> WireConfig:

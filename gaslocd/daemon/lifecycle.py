@@ -105,8 +105,7 @@ class Daemon:
         return self.serve()
 
     def prepare(self) -> None:
-        """The checkpoint folder, the model and the DHT (and averager) processes: before
-        any event loop, gRPC object or training thread exists (a fork copies those)."""
+        """Checkpoints, model, the DHT and averager processes: forked before gRPC runs."""
         self.cfg, note = prepare_checkpoints(self.cfg)
         if note:
             self.progress(note)
@@ -162,7 +161,7 @@ class Daemon:
             record_ttl_s=self.cfg.record_ttl_s,
             token=self.wire.token,
             identity_path=self.cfg.identity_file,
-            client_mode=self.cfg.reachable == "no",
+            client_mode=self.cfg.reachable == "no" or reach.probes(self.cfg),
         )
         self.allreduce: HivemindAllReduce | None = None
         try:
@@ -174,6 +173,7 @@ class Daemon:
                     numel=numel,
                     target_group_size=max(2, self.cfg.min_peers),
                     codec=self.cfg.codec,
+                    client_mode=self.cfg.reachable == "no",  # auto: a server, or it stops
                 )
                 self.allreduce.start()
         except (DiscoveryError, AllReduceFailed) as exc:

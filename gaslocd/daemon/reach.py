@@ -6,14 +6,16 @@ DHT node are up and before its record is published. The verdict then decides:
 
 - its record's ``reachable`` (the pairing never puts two unreachable peers together, and
   a reachable partner is the one that dials);
-- its DHT node: one that cannot be dialled stops serving the DHT (in place, no restart);
+- its DHT node, started as a client: one that can be dialled starts serving (in place);
 - whether it prints a bootstrap address at all.
 
 The first peer of a run (no ``--bootstrap``) has nobody to ask: it is taken as dialable,
 which it must be anyway, since everyone joins through it. Nobody answering is not a
 verdict either: the peer keeps its DHT node and says reachable, with a warning that
-names ``--reachable no``. DiLoCo's all-reduce needs every member to accept calls, so a
-DiLoCo peer found unreachable stops with one clear line.
+names ``--reachable no``. A DiLoCo peer found unreachable stops with one clear line:
+its averager (hivemind's, a process forked at start-up, which cannot be forked again
+once gRPC runs) already serves; with ``--reachable no`` it starts as a client instead,
+whose part of the all-reduce the reachable members reduce.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import random
 import re
 from pathlib import Path
 
+from gaslocd.config import DaemonConfig
 from gaslocd.daemon.membership import POLL_S, StartupError
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.net.discovery import DiscoveryError
-from gaslocd.net.probe import DIAL_BACK_S, Reach, become_dht_client, verdict
+from gaslocd.net.probe import DIAL_BACK_S, Reach, become_dht_server, verdict
 from gaslocd.net.proto import peer_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,11 @@ log = logging.getLogger(__name__)
 PROBERS = 2  # peers asked: one "yes" proves it, and two "no"s rarely both err
 PROBE_CALL_S = DIAL_BACK_S + 5.0  # the prober's dial-back plus the call itself
 LOOKAROUND_S = 10.0  # how long a newcomer looks for a reachable peer to ask
+
+
+def probes(cfg: DaemonConfig) -> bool:
+    """Whether this daemon probes at start-up; its DHT node then starts as a client."""
+    return cfg.reachable == "auto" and bool(cfg.bootstrap)
 
 
 def _port(address: str) -> int:
@@ -88,7 +96,7 @@ async def settle(rt: Runtime, all_reduce: bool) -> None:
     if cfg.reachable != "auto":
         rt.reachable = rt.dht_serving = cfg.reachable == "yes"
         return
-    if not cfg.bootstrap:
+    if not probes(cfg):
         log.info("reachable: assumed (the first peer; everyone joins through it)")
         return
     answers = await ask_probers(rt)
@@ -98,30 +106,31 @@ async def settle(rt: Runtime, all_reduce: bool) -> None:
             "no live peer could check whether others can dial this one: assuming they can "
             "(if this peer is behind NAT, pass --reachable no)"
         )
+        await _apply(rt, Reach(grpc=True, dht=True))
         return
     seen = answers[0].observed_host
     rt.progress(
         f"reachable: gRPC {_yes(reach.grpc)}, DHT {_yes(reach.dht)} (seen as {seen} by "
         f"{len(answers)} peer{'s' if len(answers) > 1 else ''})"
     )
-    if all_reduce and not reach.grpc:
+    if all_reduce and not (reach.grpc and reach.dht):
         raise StartupError(
-            f"other peers cannot dial this one (seen as {seen}): DiLoCo's all-reduce needs "
-            "every peer to accept calls; forward the --port and --dht-port, or run "
-            "--algo gasloc, which takes part from behind NAT"
+            f"other peers cannot dial this one (seen as {seen}), and DiLoCo's averager "
+            "started as one they can: start again with --reachable no (it then averages "
+            "as a client of reachable peers), or forward the --port and --dht-port"
         )
     await _apply(rt, reach)
 
 
 async def _apply(rt: Runtime, reach: Reach) -> None:
-    rt.reachable = reach.grpc
-    if reach.grpc and reach.dht:
+    """Our record's flag, and our DHT node (a joiner on auto starts it as a client)."""
+    rt.reachable, rt.dht_serving = reach.grpc, False
+    if not (reach.grpc and reach.dht):
         return
     try:
-        await become_dht_client(rt.discovery.dht)
-        rt.dht_serving = False
-    except Exception as exc:  # still a server that others fail to reach: slower, not wrong
-        log.warning("could not stop serving the DHT: %s", exc)
+        rt.dht_serving = await become_dht_server(rt.discovery.dht)
+    except Exception as exc:  # a client still reads and stores through the others
+        log.warning("could not start serving the DHT (it stays a client): %s", exc)
 
 
 def _yes(ok: bool) -> str:

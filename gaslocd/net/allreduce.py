@@ -156,7 +156,10 @@ class HivemindAllReduce:
         allreduce_timeout_s: float = 60.0,
         start_timeout_s: float = 30.0,
         codec: str = "fp32",
+        client_mode: bool = False,
     ) -> None:
+        """``client_mode``: behind NAT, it joins groups that a reachable peer leads and
+        sends its part; the reachable members reduce it (hivemind's client mode)."""
         if not prefix or "." in prefix or not prefix.isprintable():
             raise ValueError(f"averager prefix must be printable, non-empty, no '.': {prefix!r}")
         if numel < 1:
@@ -189,6 +192,7 @@ class HivemindAllReduce:
         self._next_chunk_timeout_s = next_chunk_timeout_s
         self._allreduce_timeout_s = allreduce_timeout_s
         self._start_timeout_s = start_timeout_s
+        self._client_mode = client_mode
         self._averager: _Averager | None = None
         self._lock = asyncio.Lock()
         self._generation = 0  # bumped per call, so a stale worker thread never touches data
@@ -224,6 +228,7 @@ class HivemindAllReduce:
                 compression=self._compression,
                 allow_state_sharing=False,  # newcomers fetch state over gRPC (docs/design.md §3)
                 shutdown_timeout=5,
+                client_mode=self._client_mode,
             )
             try:
                 averager.run_in_background(await_ready=True, timeout=self._start_timeout_s)

@@ -161,22 +161,27 @@ class DialBack:
         return True
 
 
-async def _serve_no_more(_dht: DHT, node: DHTNode) -> bool:
-    """Runs inside the DHT process: the node stops serving DHT calls and asks nobody to
-    route to it (hivemind's client mode, which it otherwise fixes at start-up)."""
+async def _serve(_dht: DHT, node: DHTNode) -> bool:
+    """Runs inside the DHT process: a node started in client mode (hivemind fixes that at
+    start-up) begins serving DHT calls and announces itself, as a server does when it
+    starts. Only this direction is safe in place: nodes that already route to a server
+    would keep returning it to its own lookups after it stopped serving."""
     from hivemind.proto import dht_pb2
+    from hivemind.utils.auth import AuthRole, AuthRPCWrapper
 
     protocol = node.protocol
-    if not protocol.client_mode:
-        await protocol.remove_p2p_handlers(protocol.p2p)
-        protocol.client_mode = True
-        protocol.node_info = dht_pb2.NodeInfo()  # an empty one: no routing table adds us
-    return bool(protocol.client_mode)
+    if protocol.client_mode:
+        servicer = AuthRPCWrapper(protocol, AuthRole.SERVICER, protocol.authorizer)
+        await protocol.add_p2p_handlers(protocol.p2p, servicer)
+        protocol.node_info = dht_pb2.NodeInfo(node_id=node.node_id.to_bytes())
+        protocol.client_mode = False
+        with contextlib.suppress(TimeoutError):  # our requests now carry our node info
+            await asyncio.wait_for(node.find_nearest_nodes([node.node_id]), timeout=5.0)
+    return not protocol.client_mode
 
 
-async def become_dht_client(dht: DHT, timeout_s: float = 10.0) -> bool:
-    """Turn a running DHT node into a client (a peer found to be behind NAT): other nodes
-    stop waiting on calls that can never reach it. Done in place, because starting a new
-    DHT process would fork a process that already runs gRPC."""
-    future = dht.run_coroutine(_serve_no_more, return_future=True)
+async def become_dht_server(dht: DHT, timeout_s: float = 10.0) -> bool:
+    """Turn a DHT node started as a client into a server (a joiner found dialable). In
+    place, because starting a new DHT process would fork one that already runs gRPC."""
+    future = dht.run_coroutine(_serve, return_future=True)
     return bool(await asyncio.wait_for(future, timeout_s))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.procs import FAST_FLAGS, Daemon, gaslocd_argv
+from tests.daemon.procs import FAST_FLAGS, Daemon, gaslocd_argv, summary_rounds
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import netns
@@ -214,3 +214,37 @@ def test_peers_behind_nat_dial_out_and_exchange_with_reachable_ones(
             d.signal(signal.SIGTERM)
         for d in daemons:
             assert d.finish(90) == 0, d.output()
+
+
+@pytest.mark.skipif(not _NAT_OK, reason=f"a NAT router cannot be made here: {_NAT_WHY}")
+@pytest.mark.timeout(600)
+def test_diloco_peer_behind_nat_averages_as_a_client(
+    tmp_path: Path, reaper: list[subprocess.Popen[bytes]]
+) -> None:
+    """DiLoCo behind NAT: leaf 2 sits behind a NAT router. On ``auto`` it finds out and
+    stops with the reason (its averager was forked as one others can dial); with
+    ``--reachable no`` its averager is hivemind's client, which the reachable members'
+    all-reduce includes: every round all three average, and the replicas stay one model."""
+    with netns.NetLab(3, rate_mbit=1000, nat=frozenset({2})) as lab:
+        # fp32 on the wire: with fp16 a reducer keeps its own part exact and the others'
+        # rounded, and replicas drift apart by ~2e-4 in validation loss within 3 rounds
+        flags = [*FAST_FLAGS, *FLAGS, "--algo", "diloco", "--min-peers", "3", "--codec", "fp32"]
+        flags += ["--max-rounds", "3", "--eval-every", "1"]
+        first = NsDaemon(lab, 0, ["start", *flags, "--json", str(tmp_path / "0.json")], reaper)
+        address = first.wait_for(r"bootstrap address: (\S+)", 120).group(1)
+        join = ["join", *flags, "--bootstrap", address]
+        second = NsDaemon(lab, 1, [*join, "--json", str(tmp_path / "1.json")], reaper)
+        second.wait_for(r"reachable: gRPC yes, DHT yes", 120)
+        probed = NsDaemon(lab, 2, join, reaper)
+        assert probed.finish(120) == 3
+        assert "start again with --reachable no" in probed.output()
+        natted = NsDaemon(
+            lab, 2, [*join, "--reachable", "no", "--json", str(tmp_path / "2.json")], reaper
+        )
+        for d in (first, second, natted):
+            assert d.finish(300) == 0, d.output()
+    runs = [summary_rounds(tmp_path / f"{i}.json") for i in range(3)]
+    vals = [[r["val_loss"] for r in rounds] for rounds in runs]
+    logs = "\n".join(d.output() for d in (first, second, natted))
+    assert len(vals[2]) == 3 and all(v == pytest.approx(vals[2], abs=1e-4) for v in vals), logs
+    assert all(r["exchanged"] == 2 for r in runs[2])  # averaged with both others each round

@@ -180,15 +180,16 @@ def test_a_hostile_caller_gets_one_dial_back_at_a_time_and_no_more_than_a_few_in
 
 
 @pytest.mark.net
-def test_a_dht_node_found_behind_nat_stops_serving_in_place() -> None:
-    """Before: a newcomer can join the DHT through the node. After ``become_dht_client``
-    (the same process, no restart): it cannot, while the node itself still reads the DHT.
-    In its own process (``demote_peer.py``): this one has run gRPC, and a DHT forks."""
-    script = Path(__file__).with_name("demote_peer.py")
+def test_a_dht_node_found_dialable_starts_serving_in_place() -> None:
+    """A joiner on ``auto`` starts its DHT node as a client: nobody can join through it.
+    Once found dialable, ``become_dht_server`` (same process, no restart) makes it one
+    that others can join through. In its own process (``promote_peer.py``): this one has
+    run gRPC, and a DHT forks."""
+    script = Path(__file__).with_name("promote_peer.py")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen == {"before": True, "demoted": True, "after": False, "roster": 0}
+    assert seen == {"before": False, "promoted": True, "again": True, "after": True, "roster": 0}
