@@ -94,10 +94,19 @@ class Membership:
         except DiscoveryError as exc:
             log.warning("publishing our record failed (retrying at the next heartbeat): %s", exc)
 
+    async def redial(self) -> None:
+        """Alone in the roster: maybe a cut emptied our DHT routing table; dial who we knew."""
+        if not self.rt.discovery.alone:
+            return
+        answered = await self.rt.discovery.redial()
+        if answered:
+            log.info("found the run again: %d known peer(s) answered on the DHT", answered)
+
     async def heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.rt.cfg.heartbeat_s)
             try:
+                await self.redial()
                 await self.publish()
             except Exception:  # a heartbeat that dies silently would drop us from rosters
                 log.exception("heartbeat failed; retrying at the next one")

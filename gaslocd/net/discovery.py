@@ -38,6 +38,7 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from gaslocd.net.children import scratch_event_loop, stop_process, watch_parent
 from gaslocd.net.identity import load_or_create_identity, write_identity
+from gaslocd.net.rejoin import redial, remember
 from gaslocd.net.roster_auth import (
     RunRecordValidator,
     check_entry,
@@ -162,6 +163,8 @@ class Discovery:
         self._published: tuple[PeerRecord, float] | None = None  # last record and its expiry
         self._owner = b""  # our OpenSSH public key, what our run tags are bound to
         self._keys: dict[str, bytes] = {}  # peer id -> owner key, from the last roster read
+        self._known: dict[str, None] = {}  # peers seen in rosters, to re-dial after a cut
+        self.alone = False  # the last roster read found no other peer (or failed)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -286,6 +289,12 @@ class Discovery:
             return self._owner
         return self._keys.get(peer_id)
 
+    async def redial(self) -> int:
+        """After a cut: ping the peers we joined through or saw (:mod:`gaslocd.net.rejoin`)."""
+        joined = [Multiaddr(address)["p2p"] for address in self._initial_peers]
+        known = [p for p in [*joined, *self._known] if p != self._peer_id]
+        return await redial(self.dht, known, self._timeout_s)
+
     # -- records -------------------------------------------------------------------------
 
     async def _bounded(self, future: Awaitable[T], what: str) -> T:
@@ -380,6 +389,7 @@ class Discovery:
             found = await self._bounded(future, "roster")
         except DiscoveryError:
             self.stats.roster_timeouts += 1
+            self.alone = True
             raise
         now = get_dht_time()
         records: dict[str, PeerRecord] = {}
@@ -399,6 +409,8 @@ class Discovery:
                 records[record.peer_id] = record
                 keys[record.peer_id] = owner_key(subkey)
         self._keys = keys
+        remember(self._known, keys)
+        self.alone = not set(keys) - {self.peer_id}
         # Our own node stores our record too, so this only fills a gap (a racing get).
         if self._published is not None and self._published[1] > now:
             records.setdefault(self.peer_id, self._published[0])

@@ -225,6 +225,45 @@ def test_withdraw_removes_the_record_from_other_rosters(trio: list[Discovery]) -
     asyncio.run(body())
 
 
+async def _forget_everyone(_dht: Any, node: Any) -> int:
+    """In a DHT process: what a minute-long cut leaves behind (every neighbour dropped
+    from the routing table and banned from searches, nothing stored or cached)."""
+    from hivemind.dht.routing import RoutingTable
+
+    table = node.protocol.routing_table
+    for peer_id in list(table.peer_id_to_uid):
+        for _ in range(6):  # bans double: 5 s, 10 s, ... 160 s
+            node.blacklist.register_failure(peer_id)
+    node.protocol.routing_table = RoutingTable(node.node_id, table.bucket_size, table.depth_modulo)
+    node.protocol.storage.clear()
+    node.protocol.cache.clear()
+    return len(node.blacklist.banned_peers)
+
+
+@pytest.mark.net
+def test_a_node_that_lost_every_neighbour_finds_the_run_again(trio: list[Discovery]) -> None:
+    """hivemind never re-dials on its own: after a cut the node would stay alone."""
+    lost = trio[2]
+
+    async def body() -> None:
+        for node in trio:
+            await node.publish(_record(node.peer_id))
+        await _poll(lost.roster, lambda r: len(r) == 3, 10.0)
+        assert not lost.alone
+        banned = await lost.dht.run_coroutine(_forget_everyone, return_future=True)
+        assert banned == 2
+        assert [r.peer_id for r in await lost.roster()] == [lost.peer_id]
+        assert lost.alone
+        assert await lost.redial() == 2  # the bootstrap and the peer seen in rosters
+        roster = await _poll(lost.roster, lambda r: len(r) == 3, 10.0)
+        assert not lost.alone and len(roster) == 3
+        # And the others see its next heartbeat again.
+        await lost.publish(_record(lost.peer_id, round=9))
+        await _poll(trio[0].roster, lambda r: any(x.round == 9 for x in r), 10.0)
+
+    asyncio.run(body())
+
+
 @pytest.mark.net
 def test_unreachable_bootstrap_fails_fast_with_a_clear_message() -> None:
     with Discovery("run") as alive:
