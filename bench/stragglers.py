@@ -51,6 +51,7 @@ class Run:
     adapt_codec: bool = True
     codec: str = "fp16"
     adapt_h: bool = True
+    seed: int | None = None  # None: the grid's
 
     def argv(self, g: Grid, message_bytes: int) -> list[str]:
         """The ``gaslocd simulate`` command line of this run."""
@@ -60,7 +61,8 @@ class Run:
             "simulate", "--workers", str(g.workers), "--rounds", str(g.rounds),
             "--inner-steps", str(g.inner_steps), "--step-time", str(STEP_S),
             "--bandwidth", f"{nominal_mbps:.6g}", "--latency", "20", "--codec", self.codec,
-            "--eval-every", str(g.eval_every), "--seed", str(g.seed), "--run-id", "stragglers",
+            "--eval-every", str(g.eval_every), "--run-id", "stragglers",
+            "--seed", str(g.seed if self.seed is None else self.seed),
             "--topology", "complete" if self.algo == "diloco" else g.topology,
         ]  # fmt: skip
         if self.algo == "diloco":
@@ -93,16 +95,26 @@ SCENARIOS: dict[str, tuple[float, ...]] = {
 }
 
 
+# Equal tokens, no straggler: what overlap and each codec cost. Fixed H (filling the wait
+# would give the sequential runs more steps than the overlapped ones), three seeds (one
+# seed's 20 rounds scatter by a few hundredths).
+EQUAL_SEEDS = (0, 1, 2)
+EQUAL = {  # name: (overlap, a codec per link, codec)
+    "sequential-fp16": (False, False, "fp16"),
+    "overlap-fp16": (True, False, "fp16"),
+    "overlap-adaptive": (True, True, "fp16"),
+    "sequential-int8": (False, False, "int8"),
+    "sequential-q4": (False, False, "q4"),
+}
+
+
 def runs() -> list[Run]:
-    out = [
-        Run("gasloc-none", "gasloc"),
-        Run("diloco-none", "diloco"),
-        # equal tokens, no straggler: what overlap and each codec cost
-        Run("sequential-fp16", "gasloc", overlap=False, adapt_codec=False),
-        Run("overlap-fp16", "gasloc", adapt_codec=False),
-        Run("sequential-int8", "gasloc", overlap=False, adapt_codec=False, codec="int8"),
-        Run("sequential-q4", "gasloc", overlap=False, adapt_codec=False, codec="q4"),
-    ]
+    out = [Run("gasloc-none", "gasloc"), Run("diloco-none", "diloco")]
+    for name, (overlap, adaptive, codec) in EQUAL.items():
+        out += [
+            Run(f"{name}-s{s}", "gasloc", (), overlap, adaptive, codec, adapt_h=False, seed=s)
+            for s in EQUAL_SEEDS
+        ]
     for tag, slow in SCENARIOS.items():
         out += [Run(f"gasloc-{tag}", "gasloc", slow), Run(f"diloco-{tag}", "diloco", slow)]
         if tag in SEQUENTIAL:  # what overlap, codecs and sitting out buy
@@ -217,11 +229,33 @@ def analyse(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def equal_tokens(results: dict[str, dict[str, Any]]) -> list[tuple[str, float, float]]:
-    """(run, final loss, its difference from sequential fp16) at equal tokens, no straggler."""
-    ref = results["sequential-fp16"]["final_val_loss"]
-    names = ("overlap-fp16", "gasloc-none", "sequential-int8", "sequential-q4")
-    return [(n, results[n]["final_val_loss"], results[n]["final_val_loss"] - ref) for n in names]
+def equal_tokens(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per variant at equal tokens, no straggler: the mean final loss over the seeds, and
+    its difference from sequential fp16 (mean, and the smallest and largest of the seeds'
+    own differences). Refuses runs whose token counts differ: they would not compare."""
+    first = "sequential-fp16-s"
+    seeds = sorted({int(n.removeprefix(first)) for n in results if n.startswith(first)})
+    ref = {s: results[f"sequential-fp16-s{s}"] for s in seeds}
+    rows = []
+    for name in EQUAL:
+        runs_ = [results[f"{name}-s{s}"] for s in seeds]
+        for s, r in zip(seeds, runs_, strict=True):
+            if r["tokens_per_worker"] != ref[s]["tokens_per_worker"]:
+                raise ValueError(f"{name}-s{s}: not the tokens of sequential-fp16-s{s}")
+        deltas = [
+            r["final_val_loss"] - ref[s]["final_val_loss"]
+            for s, r in zip(seeds, runs_, strict=True)
+        ]
+        rows.append(
+            {
+                "run": name,
+                "final": sum(r["final_val_loss"] for r in runs_) / len(runs_),
+                "delta": sum(deltas) / len(deltas),
+                "spread": (min(deltas), max(deltas)),
+                "seeds": len(seeds),
+            }
+        )
+    return rows
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -259,14 +293,19 @@ def write_report(results: dict[str, dict[str, Any]], meta: dict[str, Any], out: 
         )
     lines += [
         "",
-        "At equal tokens with no straggler (final validation loss, and its difference from "
-        "sequential fp16 gossip; target for overlap + per-link codec: ≤ 0.01):",
+        "At equal tokens with no straggler (fixed H, the same steps in every run; final "
+        "validation loss as the mean over seeds, and its difference from sequential fp16 "
+        "gossip of the same seed; target for overlap + per-link codec: ≤ 0.01):",
         "",
-        "| run | final loss | Δ vs sequential fp16 |",
-        "|---|---|---|",
+        "| run | seeds | mean final loss | Δ vs sequential fp16 (mean) | Δ per seed (min … max) |",
+        "|---|---|---|---|---|",
     ]
-    for name, final, delta in equal_tokens(results):
-        lines.append(f"| {name} | {final:.4f} | {delta:+.4f} |")
+    for row in equal_tokens(results):
+        low, high = row["spread"]
+        lines.append(
+            f"| {row['run']} | {row['seeds']} | {row['final']:.4f} | {row['delta']:+.4f} "
+            f"| {low:+.4f} … {high:+.4f} |"
+        )
     lines += ["", "Every run's command line:", ""]
     lines += [f"- {name}: `gaslocd {shlex.join(r['argv'])}`" for name, r in sorted(results.items())]
     text = "\n".join(lines) + "\n"

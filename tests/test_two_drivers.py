@@ -75,6 +75,12 @@ def test_simulator_and_daemons_apply_the_same_w_every_round(
         runs.append(rounds)
         assert len(rounds) >= ROUNDS - 2, f"daemon {k} ran {len(rounds)} rounds"
     daemons = _daemon_matrices(runs)
+    if overlap:  # the previous round's mix lands between the steps once its exchange is over
+        landed = [r for rounds in runs for r in rounds if r["landed_after_steps"] is not None]
+        early = [r for r in landed if r["landed_after_steps"] < r["planned_inner_steps"]]
+        assert landed and len(early) >= len(landed) / 4, [
+            (r["landed_after_steps"], r["planned_inner_steps"]) for r in landed
+        ]
 
     sim_out = tmp_path / "sim.json"
     sim = subprocess.run(

@@ -62,6 +62,7 @@ class RoundDriver:
         self.long_landed = 0  # long exchanges mixed this round
         self.long_dropped = 0  # and dropped (a failed round, for the resync rule)
         self._begun = False  # the round's begin_round already done (by pacing)
+        self.landed_after: int | None = None  # overlap: steps before the last round landed
 
     async def run_round(self) -> None:
         rt = self.rt
@@ -121,6 +122,7 @@ class RoundDriver:
             mixed=mixed.setup,
             overlapped=self.overlapped,
             long_landed=self.long_landed,
+            landed_after=self.landed_after if mixed.setup is not None else None,
         )
         self.long_landed = self.long_dropped = 0
         rt.progress(rt.telemetry.finish_round(outcome, rt.links, rt.state.round))
@@ -138,12 +140,19 @@ class RoundDriver:
         if not self._begun:
             await rt.thread.call(rt.state.begin_round)
         self._begun = False
-        losses = await self._timed(acct, "train", self._train(setup))
+        steps = setup.inner_steps
+        losses = await self._timed(acct, "train", self._train(steps, landing=self.overlapped))
+        early, before = None, len(losses)
+        if self.overlapped and before < steps:  # the exchange in flight is over
+            assert isinstance(self.mixer, GossipMixer)
+            early = await self.mixer.land()  # its wait (none) and mix go in its parts
+            losses += await self._timed(acct, "train", self._train(steps - before))
         rt.server.ready.finished = setup.round  # what a Ready from behind NAT is told
         if self.overlapped:
             losses += await self._timed(acct, "fill", self._fill_in_flight(len(losses)))
+            self.landed_after = before if early is not None else len(losses)
             began = rt.clock()
-            return losses, await self._overlapped(setup), began
+            return losses, await self._overlapped(setup, early), began
         if rt.algo.algo != "diloco" and rt.algo.adapt_h and setup.partners:
             losses += await self._timed(acct, "fill", self._fill_wait(setup, len(losses)))
         began = rt.clock()
@@ -188,14 +197,14 @@ class RoundDriver:
             )
         rt.telemetry.metrics.sitting_out.set(1 if rt.free_from > setup.round else 0)
 
-    async def _overlapped(self, setup: RoundSetup) -> MixResult:
-        """Land the previous round's exchange (its delayed outer step), then put this
-        round's θ̃ on the wire; the run's last round lands at once. Long exchanges that
-        ended meanwhile are mixed first."""
+    async def _overlapped(self, setup: RoundSetup, early: MixResult | None) -> MixResult:
+        """Land the previous round's exchange (its delayed outer step) unless it landed
+        between the steps (``early``), then put this round's θ̃ on the wire; the run's
+        last round lands at once. Long exchanges that ended meanwhile are mixed first."""
         rt = self.rt
         assert isinstance(self.mixer, GossipMixer)
         self.long_landed, self.long_dropped = await self.mixer.land_long()
-        landed = await self.mixer.land()
+        landed = early if early is not None else await self.mixer.land()
         await self.mixer.send(setup)
         last = bool(rt.cfg.max_rounds) and rt.state.round >= rt.cfg.max_rounds
         final = await self.mixer.land_now_if(last)
@@ -225,9 +234,18 @@ class RoundDriver:
 
         return await rt.thread.call(rt.state.train, fill.room, enough)
 
-    async def _train(self, setup: RoundSetup) -> list[float]:
-        rt = self.rt
-        losses = await rt.thread.call(rt.state.train, setup.inner_steps, rt.thread.should_stop)
+    async def _train(self, steps: int, landing: bool = False) -> list[float]:
+        """Up to ``steps`` steps. ``landing`` (overlap): stop at the first step boundary
+        after the previous round's exchange is over, so that its outer step lands there
+        and the rest of the round trains from the corrected θ, as the simulator models it
+        (:func:`gaslocd.sim.clock.landing_step`)."""
+        rt, mixer = self.rt, self.mixer
+
+        def enough() -> bool:
+            landed = landing and isinstance(mixer, GossipMixer) and mixer.landed()
+            return rt.thread.should_stop() or landed
+
+        losses = await rt.thread.call(rt.state.train, steps, enough)
         if rt.state.trainer.last_step_s is not None and losses:
             rt.links.record_step_time(rt.state.trainer.last_step_s)
         return losses

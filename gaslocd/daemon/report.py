@@ -76,6 +76,7 @@ class RunLog:
                 "roster": list(out.roster),  # sorted: what the pairing was drawn from
                 "mixing_row": dict(out.row),  # this peer's row of W as applied
                 "long_landed": out.long_landed,  # long exchanges of earlier rounds mixed
+                "landed_after_steps": out.landed_after,  # overlap: when the mix landed
                 "bytes_sent": stats.bytes_sent,
             }
         )

@@ -36,6 +36,7 @@ class RoundOutcome:
     mixed: RoundSetup | None = None  # the round the row mixed (overlap: the previous one)
     overlapped: bool = False  # then ``mixed`` None: nothing landed (the first round)
     long_landed: int = 0  # long exchanges (of earlier rounds) mixed this round
+    landed_after: int | None = None  # overlap: this round's steps before that mix landed
 
     @property
     def mixed_setup(self) -> RoundSetup | None:

@@ -44,6 +44,7 @@ as the barrier all-reduce it is meant to be.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -130,6 +131,19 @@ def fill_steps(
             break
         steps += 1
     return steps
+
+
+def landing_step(arrival_s: float, start_s: float, step_s: float, steps: int) -> int:
+    """Overlap: how many of a round's ``steps`` (started at ``start_s``) a worker trains
+    before the previous round's exchange, ending at ``arrival_s``, lands its outer step.
+
+    The daemon asks between steps whether the exchange is over, so a message that
+    arrives during a step lands after it; one there before the round lands before its
+    first step, and one still on the wire after the last lands after them.
+    """
+    if steps <= 0 or arrival_s <= start_s:
+        return 0
+    return min(steps, math.ceil((arrival_s - start_s) / step_s - 1e-9))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch
 from gaslocd.algorithm.outer import consensus_distance
 from gaslocd.config import AlgoConfig, SimConfig, TrainConfig, WireConfig
 from gaslocd.net.memory import EdgeFault, InMemoryTransport
-from gaslocd.sim.clock import SimClock
+from gaslocd.sim.clock import SimClock, landing_step
 from gaslocd.sim.schedule import RoundState, Schedule, network_model, worker_roster
 from gaslocd.train.data import Corpus, held_out_batches, load_corpus
 from gaslocd.train.device import on_host
@@ -126,13 +126,23 @@ class Simulation:
     # -- one round ----------------------------------------------------------------------
 
     def _train(self, state: RoundState) -> list[float]:
-        """Every worker's planned and filled steps."""
+        """Every worker's planned and filled steps. Overlapped, the previous round's
+        outer step lands between the steps, at the first one after its exchange ended,
+        as a daemon lands it (the steps after it train from the corrected point)."""
         losses: list[float] = []
+        held = self._held
         for k, w in enumerate(self.workers):
             w.begin_round()
             losses += w.train(state.paced[k])  # held back by pacing, it trained (overlap)
-            losses += w.train(state.planned[k])  # a non-finite loss rolls the round back
-            losses += w.train(state.filled[k])  # filling the wait: real steps
+            steps = state.planned[k] + state.filled[k]  # filled: the wait, real steps
+            at = steps
+            if held is not None:
+                step_s = self.schedule.peers[k].step_time_s
+                at = landing_step(held.exchange_end_s[k], state.start_s[k], step_s, steps)
+            losses += w.train(at)  # a non-finite loss rolls the round back
+            if held is not None:
+                self._mix_one(held, k)
+            losses += w.train(steps - at)
         return losses
 
     def _post(self, state: RoundState) -> None:
@@ -145,10 +155,11 @@ class Simulation:
                 offer = w.flat.flat if state.group is None else w.theta_start - w.flat.flat
             self.transport.post(state.round, self.roster[k], on_host(offer))
 
-    def _finish(self, state: RoundState) -> None:
-        """The round's outer steps and resyncs, once its exchanges are over (under
-        overlap that is during the next round, after its steps)."""
-        self._mix(state)
+    def _finish(self, state: RoundState, mixed: bool = False) -> None:
+        """The round's outer steps (unless ``mixed``: overlapped, they landed during the
+        next round's steps) and resyncs, once its exchanges are over."""
+        if not mixed:
+            self._mix(state)
         self._resync(state)
         self.transport.end_round(state.round)
         self._count_bytes(state)
@@ -184,9 +195,14 @@ class Simulation:
                 else:  # out of the group: its own pseudo-gradient, as the daemon falls back
                     w.outer_update_from_average(w.theta_start - w.flat.flat, cfg)
             return
-        for k, (w, peer, row) in enumerate(zip(self.workers, self.roster, state.rows, strict=True)):
-            received = {q: self._fetch(state, self.index[q], k) for q in row if q != peer}
-            w.outer_update(row, received, peer, cfg)
+        for k in range(len(self.workers)):
+            self._mix_one(state, k)
+
+    def _mix_one(self, state: RoundState, k: int) -> None:
+        """Worker k's gossip outer step of ``state``'s round (the all-reduce mixes all)."""
+        peer, row = self.roster[k], state.rows[k]
+        received = {q: self._fetch(state, self.index[q], k) for q in row if q != peer}
+        self.workers[k].outer_update(row, received, peer, self.algo.outer)
 
     def _fetch(self, state: RoundState, sender: int, receiver: int) -> torch.Tensor:
         """What ``receiver`` decodes of ``sender``'s θ̃ this round, in that link's codec."""
@@ -234,8 +250,8 @@ class Simulation:
         schedule = self.schedule
         state = schedule.begin(t)
         losses = self._train(state)
-        if self._held is not None:  # overlap: the previous round's delayed outer step
-            self._finish(self._held)
+        if self._held is not None:  # overlap: resyncs after the delayed outer step
+            self._finish(self._held, mixed=True)
         self._land_long(state)
         self._post(state)
         schedule.exchange(state, self.transport.exchange)

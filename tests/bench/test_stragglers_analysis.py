@@ -43,3 +43,25 @@ def test_every_run_is_a_simulate_command_with_its_stragglers() -> None:
     assert fractions == pytest.approx([stragglers.FAST_SHARE / 3, stragglers.FAST_SHARE / 10])
     diloco = runs["diloco-10x"].argv(grid, 500_000)
     assert "--overlap" not in diloco and diloco[diloco.index("--topology") + 1] == "complete"
+
+
+def test_equal_token_runs_fix_h_and_compare_seed_by_seed() -> None:
+    grid = stragglers.Grid(
+        workers=6, rounds=20, inner_steps=10, eval_every=4, topology="1peer", seed=0
+    )
+    runs = {r.name: r for r in stragglers.runs()}
+    for name in stragglers.EQUAL:
+        for s in stragglers.EQUAL_SEEDS:
+            argv = runs[f"{name}-s{s}"].argv(grid, 500_000)
+            assert "--adapt-h" not in argv and argv[argv.index("--seed") + 1] == str(s)
+    results = {
+        f"{name}-s{s}": {"final_val_loss": 2.0 + 0.01 * k + 0.001 * s, "tokens_per_worker": 100}
+        for k, name in enumerate(stragglers.EQUAL)
+        for s in (0, 1)
+    }
+    rows = {r["run"]: r for r in stragglers.equal_tokens(results)}
+    assert rows["sequential-fp16"]["delta"] == 0.0 and rows["overlap-fp16"]["seeds"] == 2
+    assert rows["overlap-fp16"]["delta"] == pytest.approx(0.01)
+    results["overlap-fp16-s1"]["tokens_per_worker"] = 110  # filled steps: no longer equal
+    with pytest.raises(ValueError, match="tokens"):
+        stragglers.equal_tokens(results)

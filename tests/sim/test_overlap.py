@@ -12,6 +12,7 @@ import torch
 
 from gaslocd.config import AlgoConfig, OuterConfig, SimConfig, Straggler, TrainConfig
 from gaslocd.protocol.policy import RoundPolicy
+from gaslocd.sim.clock import landing_step
 from gaslocd.sim.runner import Simulation
 from gaslocd.sim.schedule import Schedule
 from gaslocd.train.data import Corpus
@@ -137,6 +138,38 @@ def test_an_overlapped_simulation_trains_and_lands_its_last_step(corpus: Corpus)
     result = simulation.run()
     assert all(w.pending is None and w.round == 4 for w in simulation.workers)
     assert result.final_val_loss < result.initial_val_loss
+
+
+def test_the_delayed_outer_step_lands_at_the_first_step_after_its_exchange() -> None:
+    assert landing_step(4.0, 5.0, 0.5, 10) == 0  # over before the round: before step one
+    assert landing_step(6.0, 5.0, 0.5, 10) == 2  # at a step boundary: after that step
+    assert landing_step(6.1, 5.0, 0.5, 10) == 3  # during the third step: after it
+    assert landing_step(60.0, 5.0, 0.5, 10) == 10  # still on the wire: after them all
+    assert landing_step(6.0, 5.0, 0.5, 0) == 0
+
+
+def test_steps_after_the_landing_train_from_the_corrected_point(
+    corpus: Corpus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 10 steps of 0.5 s; 1 MB at 8 Mbit/s + 10 ms: each exchange lands after 3 steps of
+    # the next round, not after all 10 (where a late landing would put it).
+    sim = SimConfig(
+        workers=4, rounds=4, step_time_s=0.5, bandwidth_mbps=8, latency_ms=10,
+        message_bytes=MB, eval_every=4,
+    )  # fmt: skip
+    algo = AlgoConfig(topology="1peer", inner_steps=10, overlap=True)
+    simulation = Simulation(algo, TRAIN, sim, corpus=corpus)
+    at_landing: list[int] = []
+    outer_update = Worker.outer_update
+
+    def recording(self: Worker, *args: object, **kwargs: object) -> object:
+        at_landing.append(self.trainer.steps_done)
+        return outer_update(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Worker, "outer_update", recording)
+    simulation.run()
+    # Rounds 1-3 land during rounds 2-4, after 3 of their steps; round 4 at the end.
+    assert sorted(at_landing) == sorted([10 * t + 3 for t in (1, 2, 3)] * 4 + [40] * 4)
 
 
 def test_a_long_exchange_mixes_both_ends_late_and_keeps_their_sum() -> None:
