@@ -52,13 +52,14 @@ class Run:
     codec: str = "fp16"
     adapt_h: bool = True
     seed: int | None = None  # None: the grid's
+    longer: int = 1  # runs this many times the grid's rounds
 
     def argv(self, g: Grid, message_bytes: int) -> list[str]:
         """The ``gaslocd simulate`` command line of this run."""
         t = g.inner_steps * STEP_S
         nominal_mbps = message_bytes * 8 / 1e6 / (FAST_SHARE * t)
         argv = [
-            "simulate", "--workers", str(g.workers), "--rounds", str(g.rounds),
+            "simulate", "--workers", str(g.workers), "--rounds", str(g.rounds * self.longer),
             "--inner-steps", str(g.inner_steps), "--step-time", str(STEP_S),
             "--bandwidth", f"{nominal_mbps:.6g}", "--latency", "20", "--codec", self.codec,
             "--eval-every", str(g.eval_every), "--run-id", "stragglers",
@@ -108,19 +109,27 @@ EQUAL = {  # name: (overlap, a codec per link, codec)
 }
 
 
+# GASLoC's scenario runs take this many times the grid's rounds: its rounds last T while
+# DiLoCo's wait for the straggler's all-reduce, so in the grid's rounds GASLoC stops long
+# before DiLoCo's final loss (and its time to that loss could not be measured).
+LONGER = 3
+
+
 def runs() -> list[Run]:
-    out = [Run("gasloc-none", "gasloc"), Run("diloco-none", "diloco")]
+    out = [Run("gasloc-none", "gasloc", longer=LONGER), Run("diloco-none", "diloco")]
     for name, (overlap, adaptive, codec) in EQUAL.items():
         out += [
             Run(f"{name}-s{s}", "gasloc", (), overlap, adaptive, codec, adapt_h=False, seed=s)
             for s in EQUAL_SEEDS
         ]
     for tag, slow in SCENARIOS.items():
-        out += [Run(f"gasloc-{tag}", "gasloc", slow), Run(f"diloco-{tag}", "diloco", slow)]
+        out += [
+            Run(f"gasloc-{tag}", "gasloc", slow, longer=LONGER),
+            Run(f"diloco-{tag}", "diloco", slow),
+        ]
         if tag in SEQUENTIAL:  # what overlap, codecs and sitting out buy
-            out.append(
-                Run(f"gasloc-sequential-{tag}", "gasloc", slow, overlap=False, adapt_codec=False)
-            )
+            name = f"gasloc-sequential-{tag}"
+            out.append(Run(name, "gasloc", slow, False, False, longer=LONGER))
     return out
 
 
@@ -258,6 +267,16 @@ def equal_tokens(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _commits(meta: dict[str, Any]) -> str:
+    """The commit the runs ran at, or each commit and its runs when they differ."""
+    by: dict[str, list[str]] = {}
+    for name, commit in meta.get("commits", {}).items():
+        by.setdefault(commit, []).append(name)
+    if len(by) <= 1:
+        return next(iter(by), "?")
+    return "; ".join(f"{c} ({', '.join(sorted(n))})" for c, n in sorted(by.items()))
+
+
 # -- report -----------------------------------------------------------------------------------
 
 
@@ -267,13 +286,16 @@ def write_report(results: dict[str, dict[str, Any]], meta: dict[str, Any], out: 
         "# Stragglers whose link cannot carry a model within a round (simulator)",
         "",
         f"Command: `{meta['command']}`  ",
-        f"Machine: {meta['machine']}; date: {meta['date']}; gaslocd {meta['version']}.  ",
+        f"Machine: {meta['machine']}; date: {meta['date']}; gaslocd {meta['version']}; "
+        f"commit {_commits(meta)}.  ",
         f"Grid: {meta['grid']}. T = H × {STEP_S} s (a fixed simulated step); a normal link "
         f"moves fp16 θ̃ in {FAST_SHARE:.0%} of T; a straggler's fp16 transfer is the "
         "scenario's multiple of T. GASLoC: 1-peer gossip, adaptive H, `--overlap`, a codec "
-        "per link (fp16 → int8 → q4), long exchanges and sitting out. DiLoCo: the barrier "
-        "all-reduce every round. Times are simulated seconds (the simulator runs the "
-        "daemon's round, gaslocd/sim).",
+        "per link (fp16 → int8 → q4), long exchanges and sitting out; its scenario runs "
+        f"(and their sequential twins) run {LONGER}× the grid's rounds, so that their time "
+        "to DiLoCo's final loss can be measured. DiLoCo: the barrier all-reduce every "
+        "round. Times are simulated seconds (the simulator runs the daemon's round, "
+        "gaslocd/sim).",
         "",
         "| scenario | DiLoCo final | GASLoC final | GASLoC time to DiLoCo's final "
         "| ÷ DiLoCo's (≤ 0.6) | without overlap etc. | ÷ no straggler (≤ 1.15) "
@@ -367,6 +389,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--only", nargs="+", default=None, metavar="RUN",
+        help="run only these (the others' results stay, each with the commit it ran at)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     grid = (
         Grid(workers=4, rounds=8, inner_steps=10, eval_every=4, topology="1peer", seed=0)
@@ -380,9 +406,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.report_only:
         message = message_bytes_fp16("tiny")
         todo = {r.name: r.argv(grid, message) for r in runs()}
+        kept = json.loads(meta_path.read_text()) if args.only and meta_path.exists() else {}
+        if args.only:
+            unknown = set(args.only) - todo.keys()
+            if unknown:
+                p.error(f"no such run: {', '.join(sorted(unknown))}")
+            todo = {n: a for n, a in todo.items() if n in args.only}
         simulate_all(todo, data, args.jobs)
         from gaslocd import __version__
 
+        commit = _commit()
+        commits = {n: kept.get("commits", {}).get(n, "?") for n in kept.get("argv", {})}
         meta = {
             "command": shlex.join([sys.executable, *sys.argv]).replace(str(ROOT) + "/", ""),
             "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
@@ -391,7 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "version": __version__,
             "grid": f"{grid.workers} workers, {grid.rounds} rounds, H={grid.inner_steps}, "
             f"model tiny, {grid.topology}, seed {grid.seed}",
-            "argv": todo,
+            "argv": {**kept.get("argv", {}), **todo},
+            "commits": {**commits, **dict.fromkeys(todo, commit)},
         }
         meta_path.write_text(json.dumps(meta, indent=1))
     meta = json.loads(meta_path.read_text())
@@ -400,6 +435,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         results[name] = {**json.loads((data / f"{name}.json").read_text()), "argv": argv_}
     print(write_report(results, meta, out))
     return 0
+
+
+def _commit() -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"]).returncode
+    return proc.stdout.strip() + ("+changes" if dirty else "") if proc.returncode == 0 else "?"
 
 
 def _cores() -> int:

@@ -65,3 +65,17 @@ def test_equal_token_runs_fix_h_and_compare_seed_by_seed() -> None:
     results["overlap-fp16-s1"]["tokens_per_worker"] = 110  # filled steps: no longer equal
     with pytest.raises(ValueError, match="tokens"):
         stragglers.equal_tokens(results)
+
+
+def test_a_partial_rerun_names_each_runs_commit() -> None:
+    assert stragglers._commits({"commits": {"a": "abc", "b": "abc"}}) == "abc"
+    mixed = stragglers._commits({"commits": {"a": "abc", "b": "def", "c": "abc"}})
+    assert mixed == "abc (a, c); def (b)"
+    runs = {r.name: r for r in stragglers.runs()}
+    grid = stragglers.Grid(
+        workers=6, rounds=20, inner_steps=10, eval_every=4, topology="1peer", seed=0
+    )
+    longer = runs["gasloc-3x"].argv(grid, 500_000)
+    assert longer[longer.index("--rounds") + 1] == str(20 * stragglers.LONGER)
+    diloco = runs["diloco-3x"].argv(grid, 500_000)
+    assert diloco[diloco.index("--rounds") + 1] == "20"
