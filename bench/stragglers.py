@@ -295,7 +295,9 @@ def write_report(results: dict[str, dict[str, Any]], meta: dict[str, Any], out: 
         f"(and their sequential twins) run {LONGER}× the grid's rounds, so that their time "
         "to DiLoCo's final loss can be measured. DiLoCo: the barrier all-reduce every "
         "round. Times are simulated seconds (the simulator runs the daemon's round, "
-        "gaslocd/sim).",
+        "gaslocd/sim). Caution: under `--overlap` an evaluation between rounds is of the "
+        "eager point, before that round's exchange lands (only the last is after it), so "
+        "GASLoC's time to a loss reads its evaluations as they are, not the landed model.",
         "",
         "| scenario | DiLoCo final | GASLoC final | GASLoC time to DiLoCo's final "
         "| ÷ DiLoCo's (≤ 0.6) | without overlap etc. | ÷ no straggler (≤ 1.15) "
