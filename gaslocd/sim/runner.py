@@ -155,11 +155,14 @@ class Simulation:
                 offer = w.flat.flat if state.group is None else w.theta_start - w.flat.flat
             self.transport.post(state.round, self.roster[k], on_host(offer))
 
-    def _finish(self, state: RoundState, mixed: bool = False) -> None:
-        """The round's outer steps (unless ``mixed``: overlapped, they landed during the
-        next round's steps) and resyncs, once its exchanges are over."""
-        if not mixed:
-            self._mix(state)
+    def _finish(self, state: RoundState) -> None:
+        """The round's outer steps and resyncs, once its exchanges are over."""
+        self._mix(state)
+        self._close(state)
+
+    def _close(self, state: RoundState) -> None:
+        """What follows the round's outer steps (overlapped, those landed between the
+        next round's steps): resyncs, and the round's messages and bytes."""
         self._resync(state)
         self.transport.end_round(state.round)
         self._count_bytes(state)
@@ -251,7 +254,7 @@ class Simulation:
         state = schedule.begin(t)
         losses = self._train(state)
         if self._held is not None:  # overlap: resyncs after the delayed outer step
-            self._finish(self._held, mixed=True)
+            self._close(self._held)
         self._land_long(state)
         self._post(state)
         schedule.exchange(state, self.transport.exchange)
