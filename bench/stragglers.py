@@ -295,9 +295,12 @@ def write_report(results: dict[str, dict[str, Any]], meta: dict[str, Any], out: 
         f"(and their sequential twins) run {LONGER}× the grid's rounds, so that their time "
         "to DiLoCo's final loss can be measured. DiLoCo: the barrier all-reduce every "
         "round. Times are simulated seconds (the simulator runs the daemon's round, "
-        "gaslocd/sim). Caution: under `--overlap` an evaluation between rounds is of the "
-        "eager point, before that round's exchange lands (only the last is after it), so "
-        "GASLoC's time to a loss reads its evaluations as they are, not the landed model.",
+        "gaslocd/sim). Under `--overlap` an evaluation between rounds is of the models "
+        "with the round in flight landed (a copy; the run trains on from the eager point): "
+        "runs made before that change read the eager point, see each run's commit. Every "
+        "run decays its inner LR over its own rounds (`simulate`'s default), so at "
+        "DiLoCo's last round GASLoC's longer runs are still at a higher LR: that works "
+        "against GASLoC in the time to DiLoCo's final loss.",
         "",
         "| scenario | DiLoCo final | GASLoC final | GASLoC time to DiLoCo's final "
         "| ÷ DiLoCo's (≤ 0.6) | without overlap etc. | ÷ no straggler (≤ 1.15) "

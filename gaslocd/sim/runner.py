@@ -11,10 +11,12 @@ daemon runs, and a run is reproducible from its seed and run id.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -296,9 +298,19 @@ class Simulation:
     def evaluate(self) -> float:
         """Mean validation loss of the workers' own models (what each peer would serve).
 
-        Bit-identical replicas (every worker after a lossless all-reduce, for DiLoCo) are
-        evaluated once and counted once each: the same number, up to 1/n of the cost.
+        Overlapped, between rounds, the models are evaluated with the round in flight
+        landed (:meth:`_landed`): the eager point they train on is not a model anyone
+        would serve, and reads far from it (better early, worse later), so a time to a
+        loss read off it says little. The run itself goes on from the eager point.
         """
+        if self._held is None:
+            return self._evaluate_live()
+        with self._landed(self._held):
+            return self._evaluate_live()
+
+    def _evaluate_live(self) -> float:
+        """Bit-identical replicas (every worker after a lossless all-reduce, for DiLoCo)
+        are evaluated once and counted once each: the same number, up to 1/n of the cost."""
         losses: list[float] = []
         seen: list[tuple[torch.Tensor, float]] = []
         for w in self.workers:
@@ -308,6 +320,27 @@ class Simulation:
                 seen.append((w.flat.flat, twin))
             losses.append(twin)
         return statistics.fmean(losses)
+
+    @contextlib.contextmanager
+    def _landed(self, state: RoundState) -> Iterator[None]:
+        """Every worker with ``state``'s outer step taken, then put back bit for bit: θ,
+        m, the held θ̃, the trust radius's memory and the counters it touches."""
+        saved = [
+            (w.flat.flat.clone(), w.momentum.clone(), w.theta_start, w.pending,
+             w.pending_base, copy.deepcopy(w.trust), copy.copy(w.rollbacks), w.round)
+            for w in self.workers
+        ]  # fmt: skip
+        try:
+            self._mix(state)
+            yield
+        finally:
+            for w, (flat, momentum, start, pending, base, trust, rollbacks, round_) in zip(
+                self.workers, saved, strict=True
+            ):
+                w.flat.load_(flat)
+                w.momentum.copy_(momentum)
+                w.theta_start, w.pending, w.pending_base = start, pending, base
+                w.trust, w.rollbacks, w.round = trust, rollbacks, round_
 
     def consensus(self) -> float:
         pairs = zip(self.roster, self.workers, strict=True)

@@ -239,3 +239,32 @@ def test_overlapped_peers_train_while_pacing_on_a_slow_gpu() -> None:
         if overlap:
             assert sum(schedule.clock.seconds("roster")[:3]) < 5.0  # hardly any idle pacing
     assert shares[True] > 0.9 > shares[False]
+
+
+def _overlapped(corpus: Corpus, rounds: int, eval_every: int) -> Simulation:
+    # 1 MB at 8 Mbit/s lands 3 steps into the next round: between rounds a round is in
+    # flight, so an evaluation there is of a model that differs from the live one.
+    sim = SimConfig(
+        workers=4, rounds=rounds, step_time_s=0.5, bandwidth_mbps=8, latency_ms=10,
+        message_bytes=MB, eval_every=eval_every,
+    )  # fmt: skip
+    algo = AlgoConfig(topology="1peer", inner_steps=10, overlap=True)
+    return Simulation(algo, TRAIN, sim, corpus=corpus)
+
+
+def test_an_evaluation_between_overlapped_rounds_is_of_the_landed_model(corpus: Corpus) -> None:
+    # After round 3 of a longer run, the model evaluated is the one a run that stopped
+    # after round 3 ends with (its last exchange landed), not the eager point it trains on.
+    longer = _overlapped(corpus, 5, eval_every=1).run()
+    stopped = _overlapped(corpus, 3, eval_every=3).run()
+    assert longer.records[2].val_loss == stopped.final_val_loss
+
+
+def test_evaluating_between_overlapped_rounds_changes_nothing_in_the_run(corpus: Corpus) -> None:
+    often, rarely = _overlapped(corpus, 4, eval_every=1), _overlapped(corpus, 4, eval_every=4)
+    a, b = often.run(), rarely.run()
+    assert a.final_val_loss == b.final_val_loss
+    assert [r.digest for r in a.records] == [r.digest for r in b.records]
+    for x, y in zip(often.workers, rarely.workers, strict=True):
+        assert torch.equal(x.flat.flat, y.flat.flat) and torch.equal(x.momentum, y.momentum)
+        assert list(x.trust.accepted) == list(y.trust.accepted)
