@@ -32,14 +32,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from paperlib import decay
 from paperlib.analysis import Run
 from paperlib.execute import run_all
-from paperlib.grid import MODES, Mode, RunSpec
+from paperlib.grid import MODES as GRIDS
+from paperlib.grid import Mode, RunSpec
 from paperlib.report import Meta, record_invocation, write_report
 from paperlib.shared import write_shared_report
 from paperlib.tables import best_h1_outer
 
 RESULTS = Path(__file__).resolve().parent / "results"
+MODES = {**GRIDS, "decay": decay.DECAY}
 SECTIONS = (
     "h1",
     "main",
@@ -57,6 +60,8 @@ def paths(mode: Mode, out: Path | None) -> tuple[Path, Path, Path]:
     """(JSON folder, markdown file, PNG folder) of a mode."""
     if out is None:
         out = RESULTS if mode.name in ("full", "shared") else Path("/tmp/gaslocd-paper-quick")
+    if out is None and mode.name == "decay":
+        out = RESULTS
     stem = "paper" if mode.name == "full" else f"paper_{mode.name}"
     return out / stem, out / f"{stem}.md", out
 
@@ -79,6 +84,9 @@ def run(
     summaries: dict[str, dict[str, Any]] = {}
     trained = 0
     specs: list[RunSpec] = []
+    if mode.name == "decay":  # its own sections, the longest runs first
+        specs = decay.ordered(mode, sections)
+        sections = ()
     if "h1" in sections:  # the tuned H=1 runs depend on the tuning runs: those go first
         specs = mode.all_runs(("h1_tune",))
         summaries, trained = run_all(specs, mode, json_dir, jobs=jobs, train=train, log=log)
@@ -107,8 +115,13 @@ def run(
         record_invocation(json_dir, meta)
     if not runs:
         raise SystemExit(f"no run of {mode.name!r} is trained yet: {md_path} left as it is")
-    writer = write_shared_report if mode.name == "shared" else write_report
-    writer(mode, runs, meta, md_path, png_dir, json_dir)
+    if mode.name == "decay":  # imported here: its report module is not needed to train
+        from paperlib.decay_report import write_decay_report
+
+        write_decay_report(mode, runs, meta, md_path, png_dir, json_dir)
+    else:
+        writer = write_shared_report if mode.name == "shared" else write_report
+        writer(mode, runs, meta, md_path, png_dir, json_dir)
     log(f"{len(runs)}/{len(specs)} runs reported in {md_path} ({meta.wall_s / 60:.1f} min)")
     return md_path
 
@@ -120,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         "--mode",
         choices=sorted(MODES),
         default=None,
-        help="which grid: full (default), quick (= --quick), shared (the re-run slice)",
+        help="which grid: full (default), quick (= --quick), shared (the re-run slice), "
+        "decay (issue 17: a decayed inner LR, the missing sweeps, the noise-scale study)",
     )
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once (one core each)")
     p.add_argument("--out", type=Path, default=None, help="results folder (see module doc)")
@@ -133,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-only", action="store_true", help="train nothing; report the cache")
     args = p.parse_args(argv)
     mode = MODES[args.mode or ("quick" if args.quick else "full")]
-    default = ("main", "straggler") if mode.name == "shared" else SECTIONS
+    known = decay.SECTIONS if mode.name == "decay" else SECTIONS
+    default = ("main", "straggler") if mode.name == "shared" else known
     sections = tuple(s for s in args.sections.split(",") if s) if args.sections else default
-    unknown = set(sections) - set(SECTIONS)
+    unknown = set(sections) - set(known)
     if unknown:
         p.error(f"unknown sections: {', '.join(sorted(unknown))}")
     command = "python bench/paper.py " + shlex.join(sys.argv[1:] if argv is None else argv)

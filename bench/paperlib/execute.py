@@ -16,7 +16,7 @@ import multiprocessing
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,13 @@ def configs(
     spec: RunSpec, budget: Budget, network: Network
 ) -> tuple[AlgoConfig, TrainConfig, SimConfig]:
     lr, mom = spec.outer
+    budget = replace(
+        budget,
+        batch_size=spec.batch_size or budget.batch_size,
+        steps_per_worker=spec.steps_per_worker or budget.steps_per_worker,
+    )
+    rounds = budget.rounds(spec.inner_steps, spec.budget_scale)
+    decays = budget.lr_schedule != "constant"
     algo = AlgoConfig(
         algo=spec.algo,
         topology=spec.topology,
@@ -47,16 +54,20 @@ def configs(
         adapt_h=spec.adapt_h,
     )
     train = TrainConfig(
+        model=spec.model,
         seq_len=budget.seq_len,
         batch_size=budget.batch_size,
         inner_lr=budget.inner_lr,
         warmup_steps=budget.warmup_steps,
         eval_batches=budget.eval_batches,
         seed=spec.seed,
+        lr_schedule=budget.lr_schedule,
+        total_steps=rounds * spec.inner_steps if decays else None,
+        lr_floor=budget.lr_floor,
     )
     sim = SimConfig(
         workers=spec.workers,
-        rounds=budget.rounds(spec.inner_steps, spec.budget_scale),
+        rounds=rounds,
         codec=spec.codec,
         bandwidth_mbps=network.bandwidth_mbps,
         latency_ms=network.latency_ms,
@@ -80,10 +91,14 @@ def cli_command(spec: RunSpec, budget: Budget, network: Network) -> str:
     ]
     if algo.algo in ("gasloc", "diloco"):
         flags.append(f"--outer-lr {algo.outer.lr:g} --outer-momentum {algo.outer.momentum:g}")
+    if train.model != "tiny":
+        flags.append(f"--model {train.model}")
     flags += [
         f"--batch-size {train.batch_size} --seq-len {train.seq_len}",
         f"--inner-lr {train.inner_lr:g} --warmup-steps {train.warmup_steps}",
         f"--eval-batches {train.eval_batches} --eval-every {sim.eval_every}",
+        f"--lr-schedule {train.lr_schedule}"
+        + (f" --lr-floor {train.lr_floor:g}" if train.lr_schedule != "constant" else ""),
         f"--seed {train.seed} --codec {sim.codec}",
         f"--step-time {network.step_time_s:g} --message-bytes {network.message_bytes}",
         f"--bandwidth {network.bandwidth_mbps:g} --latency {network.latency_ms:g}",
@@ -96,9 +111,12 @@ def cli_command(spec: RunSpec, budget: Budget, network: Network) -> str:
 
 
 def _identity(spec: RunSpec, budget: Budget, network: Network) -> dict[str, Any]:
+    fields = asdict(budget)
+    if budget.lr_schedule == "constant":  # files from before the schedule existed match
+        del fields["lr_schedule"], fields["lr_floor"]
     return {
         "spec": spec.as_dict(),
-        "budget": asdict(budget),
+        "budget": fields,
         "network": asdict(network),
         "protocol": PROTOCOL,
     }

@@ -32,6 +32,10 @@ class Budget:
     inner_lr: float
     warmup_steps: int
     evals_per_run: int  # validation points per run (about; at least one per round for H>=30)
+    # The inner LR after the warm-up: constant, or a decay to lr_floor × inner_lr at the
+    # run's last step (its rounds × H). The grids before issue 17 ran constant.
+    lr_schedule: str = "constant"
+    lr_floor: float = 0.1
 
     @property
     def tokens_per_worker(self) -> int:
@@ -76,6 +80,11 @@ class RunSpec:
     adapt_h: bool = False
     straggler: float | None = None
     budget_scale: int = 1  # × the mode's steps per worker (a longer horizon, same H)
+    # Overrides of the mode's budget (the noise-scale study): a bigger batch (less gradient
+    # noise per step), another model, fewer steps per worker (a bigger model's budget).
+    batch_size: int | None = None
+    model: str = "tiny"
+    steps_per_worker: int | None = None
 
     @property
     def outer(self) -> tuple[float, float]:
@@ -96,6 +105,16 @@ class RunSpec:
         if self.adapt_h:
             name += " +adapt-H"
         return name
+
+    @property
+    def setting(self) -> str:
+        """The overrides of the budget, as a table cell ("" when none)."""
+        parts = [] if self.model == "tiny" else [self.model]
+        if self.batch_size is not None:
+            parts.append(f"batch {self.batch_size}")
+        if self.steps_per_worker is not None:
+            parts.append(f"{self.steps_per_worker} steps")
+        return ", ".join(parts)
 
     @property
     def label(self) -> str:
@@ -122,13 +141,25 @@ class RunSpec:
             parts.append(f"strag{self.straggler:g}")
         if self.budget_scale != 1:
             parts.append(f"x{self.budget_scale}")
+        if self.model != "tiny":
+            parts.append(self.model)
+        if self.batch_size is not None:
+            parts.append(f"b{self.batch_size}")
+        if self.steps_per_worker is not None:
+            parts.append(f"st{self.steps_per_worker}")
         return "_".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if self.budget_scale == 1:
-            del d["budget_scale"]  # the files of runs from before the field existed still match
+        # Fields at their defaults are left out: files of runs from before they existed
+        # still match their specs.
+        for name, default in _SPEC_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
         return d
+
+
+_SPEC_DEFAULTS = {"budget_scale": 1, "batch_size": None, "model": "tiny", "steps_per_worker": None}
 
 
 def _gasloc(topology: str, h: int, n: int, seed: int, **kw: Any) -> RunSpec:
