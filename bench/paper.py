@@ -60,7 +60,7 @@ def paths(mode: Mode, out: Path | None) -> tuple[Path, Path, Path]:
     """(JSON folder, markdown file, PNG folder) of a mode."""
     if out is None:
         out = RESULTS if mode.name in ("full", "shared") else Path("/tmp/gaslocd-paper-quick")
-    if out is None and mode.name == "decay":
+    if out is None and isinstance(mode, decay.DecayMode):
         out = RESULTS
     stem = "paper" if mode.name == "full" else f"paper_{mode.name}"
     return out / stem, out / f"{stem}.md", out
@@ -71,12 +71,14 @@ def run(
     *,
     out: Path | None = None,
     jobs: int = 1,
-    sections: tuple[str, ...] = SECTIONS,
+    sections: tuple[str, ...] | None = None,
     train: bool = True,
     command: str = "",
     log: Callable[[str], None] = print,
 ) -> Path:
-    """Train what is missing, write the report; return the markdown's path."""
+    """Train what is missing, write the report; return the markdown's path.
+
+    ``sections``: a subset of the mode's (None: all of them)."""
     began = time.perf_counter()
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     json_dir, md_path, png_dir = paths(mode, out)
@@ -84,7 +86,9 @@ def run(
     summaries: dict[str, dict[str, Any]] = {}
     trained = 0
     specs: list[RunSpec] = []
-    if mode.name == "decay":  # its own sections, the longest runs first
+    if sections is None:
+        sections = decay.SECTIONS if isinstance(mode, decay.DecayMode) else SECTIONS
+    if isinstance(mode, decay.DecayMode):  # its own sections, the longest runs first
         specs = decay.ordered(mode, sections)
         sections = ()
     if "h1" in sections:  # the tuned H=1 runs depend on the tuning runs: those go first
@@ -115,7 +119,7 @@ def run(
         record_invocation(json_dir, meta)
     if not runs:
         raise SystemExit(f"no run of {mode.name!r} is trained yet: {md_path} left as it is")
-    if mode.name == "decay":  # imported here: its report module is not needed to train
+    if isinstance(mode, decay.DecayMode):  # imported here: not needed to train
         from paperlib.decay_report import write_decay_report
 
         write_decay_report(mode, runs, meta, md_path, png_dir, json_dir)
@@ -147,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-only", action="store_true", help="train nothing; report the cache")
     args = p.parse_args(argv)
     mode = MODES[args.mode or ("quick" if args.quick else "full")]
-    known = decay.SECTIONS if mode.name == "decay" else SECTIONS
+    known = decay.SECTIONS if isinstance(mode, decay.DecayMode) else SECTIONS
     default = ("main", "straggler") if mode.name == "shared" else known
     sections = tuple(s for s in args.sections.split(",") if s) if args.sections else default
     unknown = set(sections) - set(known)

@@ -18,70 +18,108 @@ in a trial. This mode trains, all with that decay:
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from .grid import FULL, Mode, RunSpec
 
-SEEDS = (0, 1)
-H = 30
-OUTER_LRS = (0.4, 0.7, 1.0)
-OUTER_MOMENTA = (0.7, 0.9)
-H1_MOMENTA = (0.0, 0.1, 0.2, 0.3)
-BIG_BATCH = 32
-BIG_MODEL = "small"
-BIG_MODEL_STEPS = 240  # half the budget: a small-model step costs ~11× a tiny one here
-NOISE_WORKERS = 16
-COMPARED = ("1peer", "2peer", "diloco")
 SECTIONS = ("main", "noise", "outer", "h1_mu")
+COMPARED = ("1peer", "2peer", "diloco")
 
 
-def _spec(kind: str, h: int, n: int, seed: int, **kw: object) -> RunSpec:
-    if kind == "diloco":
-        return RunSpec("diloco", "complete", h, n, seed, **kw)  # type: ignore[arg-type]
-    return RunSpec("gasloc", kind, h, n, seed, **kw)  # type: ignore[arg-type]
+@dataclass(frozen=True)
+class Plan:
+    """The sizes of the decay grid (the report reads them back)."""
 
+    h: int = 30
+    workers: tuple[int, ...] = (8, 16)
+    seeds: tuple[int, ...] = (0, 1)
+    outer_lrs: tuple[float, ...] = (0.4, 0.7, 1.0)
+    outer_momenta: tuple[float, ...] = (0.7, 0.9)
+    h1_momenta: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3)
+    big_batch: int = 32
+    big_model: str = "small"
+    big_model_steps: int = 240  # half the budget: a small-model step costs ~11× a tiny one
+    noise_workers: int = 16
 
-def _sections() -> dict[str, list[RunSpec]]:
-    main = [
-        spec
-        for n in (8, 16)
-        for s in SEEDS
-        for spec in (
-            *(_spec(k, H, n, s) for k in COMPARED),
-            RunSpec("local-dadam", "2peer", H, n, s),  # claim (2)'s "local steps alone"
+    @property
+    def small_workers(self) -> int:
+        return self.workers[0]
+
+    def spec(self, kind: str, h: int, n: int, seed: int, **kw: object) -> RunSpec:
+        """A GASLoC run (kind: its topology) or, for ``"diloco"``, a DiLoCo run."""
+        if kind == "diloco":
+            return RunSpec("diloco", "complete", h, n, seed, **kw)  # type: ignore[arg-type]
+        return RunSpec("gasloc", kind, h, n, seed, **kw)  # type: ignore[arg-type]
+
+    def local(self, n: int, seed: int) -> RunSpec:
+        return RunSpec("local-dadam", "2peer", self.h, n, seed)
+
+    def outer(self, kind: str, lr: float, mom: float) -> RunSpec:
+        return self.spec(kind, self.h, self.small_workers, 0, outer_lr=lr, outer_momentum=mom)
+
+    def h1(self, kind: str, mom: float) -> RunSpec:
+        return self.spec(
+            kind, 1, self.small_workers, 0, outer_lr=round(1.0 - mom, 3), outer_momentum=mom
         )
-    ]
-    outer = [
-        _spec(k, H, 8, 0, outer_lr=lr, outer_momentum=mom)
-        for k in ("2peer", "1peer", "diloco")
-        for lr in OUTER_LRS
-        for mom in OUTER_MOMENTA
-    ]
-    h1_mu = [
-        _spec(k, 1, 8, 0, outer_lr=round(1.0 - mom, 3), outer_momentum=mom)
-        for mom in H1_MOMENTA
-        for k in ("1peer", "2peer")
-    ] + [RunSpec("dadam", t, 1, 8, 0) for t in ("1peer", "2peer", "ring", "complete")]
-    n = NOISE_WORKERS
-    noise = [
-        *(
-            _spec(k, H, n, 0, model=BIG_MODEL, steps_per_worker=BIG_MODEL_STEPS)
-            for k in ("2peer", "diloco")
-        ),
-        *(_spec(k, H, n, 0, batch_size=BIG_BATCH) for k in COMPARED),
-        *(_spec(k, H, n, 0, steps_per_worker=BIG_MODEL_STEPS) for k in ("2peer", "diloco")),
-    ]
-    return {"main": main, "noise": noise, "outer": outer, "h1_mu": h1_mu}
+
+    def dadam(self, topology: str) -> RunSpec:
+        return RunSpec("dadam", topology, 1, self.small_workers, 0)
+
+    def noise_settings(
+        self, batch: int = 8, steps: int = 480
+    ) -> list[tuple[str, dict[str, object]]]:
+        """(label, RunSpec overrides) of the noise-scale study's rows, the main grid's
+        first; ``batch`` and ``steps``: the budget's, for the labels."""
+        short, big = self.big_model_steps, self.big_model
+        return [
+            (f"tiny, batch {batch}, {steps} steps (the main grid)", {}),
+            (f"tiny, batch {self.big_batch}, {steps} steps", {"batch_size": self.big_batch}),
+            (f"tiny, batch {batch}, {short} steps", {"steps_per_worker": short}),
+            (f"{big}, batch {batch}, {short} steps", {"model": big, "steps_per_worker": short}),
+        ]
+
+    def noise(self, kind: str, overrides: dict[str, object]) -> RunSpec:
+        return self.spec(kind, self.h, self.noise_workers, 0, **overrides)
+
+    def sections(self) -> dict[str, list[RunSpec]]:
+        main = [
+            spec
+            for n in self.workers
+            for s in self.seeds
+            for spec in (*(self.spec(k, self.h, n, s) for k in COMPARED), self.local(n, s))
+        ]
+        outer = [
+            self.outer(k, lr, mom)
+            for k in ("2peer", "1peer", "diloco")
+            for lr in self.outer_lrs
+            for mom in self.outer_momenta
+        ]
+        h1_mu = [self.h1(k, mom) for mom in self.h1_momenta for k in ("1peer", "2peer")]
+        h1_mu += [self.dadam(t) for t in ("1peer", "2peer", "ring", "complete")]
+        noise = [
+            self.noise(k, kw)
+            for _, kw in self.noise_settings()[1:]
+            for k in (COMPARED if "batch_size" in kw else ("2peer", "diloco"))
+        ]
+        return {"main": main, "noise": noise, "outer": outer, "h1_mu": h1_mu}
 
 
-def decay_mode() -> Mode:
-    """The full grid's budget and network with a cosine decay to 10%, and its own runs."""
-    mode = replace(
-        FULL, name="decay", budget=replace(FULL.budget, lr_schedule="cosine"), with_long=False
-    )
-    mode.sections.clear()
-    mode.sections.update(_sections())
-    return mode
+@dataclass(frozen=True)
+class DecayMode(Mode):
+    """A :class:`Mode` whose sections come from a :class:`Plan`."""
+
+    plan: Plan = field(default_factory=Plan)
+
+    def __post_init__(self) -> None:
+        self.sections.clear()
+        self.sections.update(self.plan.sections())
+
+
+def decay_mode(plan: Plan | None = None, base: Mode = FULL, name: str = "decay") -> DecayMode:
+    """``base``'s budget and network with a cosine decay to 10%, and the plan's runs."""
+    fields = {k: getattr(base, k) for k in Mode.__dataclass_fields__ if k != "sections"}
+    fields |= {"name": name, "budget": replace(base.budget, lr_schedule="cosine")}
+    return DecayMode(**fields, plan=plan or Plan())
 
 
 def ordered(mode: Mode, sections: tuple[str, ...]) -> list[RunSpec]:
@@ -93,7 +131,7 @@ def ordered(mode: Mode, sections: tuple[str, ...]) -> list[RunSpec]:
                 seen.setdefault(spec.key, spec)
 
     def cost(spec: RunSpec) -> float:
-        per_step = {"tiny": 1.0, "small": 11.0}[spec.model] * (spec.batch_size or 8) / 8
+        per_step = (11.0 if spec.model != "tiny" else 1.0) * (spec.batch_size or 8) / 8
         steps = spec.steps_per_worker or mode.budget.steps_per_worker
         return per_step * steps * spec.workers * (1.7 if spec.inner_steps == 1 else 1.0)
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from . import decay, plots
+from . import plots
 from .analysis import Run, paired, seeds_of, stat
+from .decay import DecayMode, Plan
 from .findings import TOLERANCE
-from .grid import Mode, RunSpec
+from .grid import RunSpec
 from .report import Meta, _invocations, _rel, machine
 from .tables import _delta, table
 
@@ -35,29 +36,32 @@ def _constant_twin(json_dir: Path, spec: RunSpec) -> float | None:
         return None
 
 
-def _main(runs: dict[str, Run], json_dir: Path) -> tuple[list[str], dict[int, dict[str, float]]]:
-    """The H=30 table, and each worker count's mean paired gap to DiLoCo by method."""
+def _fmt(x: float | None, sign: bool = False) -> str:
+    return "—" if x is None else f"{x:+.3f}" if sign else f"{x:.3f}"
+
+
+def _main(
+    plan: Plan, runs: dict[str, Run], json_dir: Path
+) -> tuple[list[str], dict[int, dict[str, float]]]:
+    """The H table, and each worker count's mean paired gap to DiLoCo by method."""
     rows, gaps = [], {}
-    for n in (8, 16):
-        di = decay._spec("diloco", decay.H, n, 0)
+    for n in plan.workers:
+        di = plan.spec("diloco", plan.h, n, 0)
         gaps[n] = {}
-        for kind in ("diloco", "2peer", "1peer", "local"):
-            spec = (
-                RunSpec("local-dadam", "2peer", decay.H, n, 0)
-                if kind == "local"
-                else decay._spec(kind, decay.H, n, 0)
-            )
-            found = seeds_of(runs, spec, decay.SEEDS)
+        for spec in (*(plan.spec(k, plan.h, n, 0) for k in ("diloco", "2peer", "1peer")),
+                     plan.local(n, 0)):  # fmt: skip
+            found = seeds_of(runs, spec, plan.seeds)
             if not found:
                 continue
-            delta = paired(runs, spec, di, decay.SEEDS) if kind != "diloco" else []
-            const_delta = []
-            for seed in decay.SEEDS:
-                a = _constant_twin(json_dir, replace(spec, seed=seed))
-                b = _constant_twin(json_dir, replace(di, seed=seed))
-                if a is not None and b is not None:
-                    const_delta.append(a - b)
-            consts = [_constant_twin(json_dir, replace(spec, seed=s)) for s in decay.SEEDS]
+            ref = spec.algo != "diloco"
+            delta = paired(runs, spec, di, plan.seeds) if ref else []
+            const = {s: _constant_twin(json_dir, replace(spec, seed=s)) for s in plan.seeds}
+            base = {s: _constant_twin(json_dir, replace(di, seed=s)) for s in plan.seeds}
+            const_delta = [
+                c - b
+                for c, b in zip(const.values(), base.values(), strict=True)
+                if c is not None and b is not None
+            ]
             if delta:
                 gaps[n][spec.method] = stat(delta).mean
             rows.append(
@@ -65,9 +69,9 @@ def _main(runs: dict[str, Run], json_dir: Path) -> tuple[list[str], dict[int, di
                     str(n),
                     spec.method,
                     stat(r.final for r in found).fmt(),
-                    stat(c for c in consts if c is not None).fmt(),
-                    _delta(delta) if kind != "diloco" else "—",
-                    _delta(const_delta) if kind != "diloco" else "—",
+                    stat(c for c in const.values() if c is not None).fmt(),
+                    _delta(delta) if ref else "—",
+                    _delta(const_delta) if ref else "—",
                     stat(r.summary["mean_model_val_loss"] for r in found).fmt(),
                     stat(r.final_consensus for r in found).fmt(4),
                 ]
@@ -85,7 +89,7 @@ def _main(runs: dict[str, Run], json_dir: Path) -> tuple[list[str], dict[int, di
     return table(header, rows), gaps
 
 
-def _verdict2(gaps: dict[int, dict[str, float]]) -> str:
+def verdict2(plan: Plan, gaps: dict[int, dict[str, float]]) -> str:
     parts, comparable, local_worse = [], [], []
     for n, gap in gaps.items():
         if not {"GASLoC-1peer", "GASLoC-2peer", "Local-DAdam-2peer"} <= gap.keys():
@@ -96,8 +100,8 @@ def _verdict2(gaps: dict[int, dict[str, float]]) -> str:
         parts.append(
             f"n={n}: {best} {gap[best]:+.3f}, Local-DAdam-2peer {gap['Local-DAdam-2peer']:+.3f}"
         )
-    if not parts:
-        return "(2) incomplete (runs missing)."
+    if len(parts) < len(plan.workers):
+        return "**Claim (2): incomplete (runs missing).**"
     verdict = (
         "holds"
         if all(comparable) and all(local_worse)
@@ -106,105 +110,87 @@ def _verdict2(gaps: dict[int, dict[str, float]]) -> str:
         else "holds in part"
     )
     return (
-        f"**Claim (2), H={decay.H} with a cosine decay: {verdict}.** Mean paired gap to DiLoCo "
-        f"over seeds {', '.join(map(str, decay.SEEDS))}: " + "; ".join(parts) + f" (rule: the "
-        f"better GASLoC within {TOLERANCE} of DiLoCo or below, and Local-DAdam more than "
-        f"{TOLERANCE} above it, at every size)."
+        f"**Claim (2), H={plan.h} with a cosine decay: {verdict}.** Mean paired gap to "
+        f"DiLoCo over seeds {', '.join(map(str, plan.seeds))}: "
+        + "; ".join(parts)
+        + f" (rule: the better GASLoC within {TOLERANCE} of DiLoCo or below at every size, "
+        f"and Local-DAdam more than {TOLERANCE} above it)."
     )
 
 
-def _outer(runs: dict[str, Run]) -> tuple[list[str], dict[str, tuple[float, float, float]]]:
-    """The η×μ grid at 8 workers, seed 0; and each method's best (η, μ, loss)."""
+def _outer(plan: Plan, runs: dict[str, Run]) -> tuple[list[str], str]:
+    """The η×μ grid (seed 0), and each method's best setting."""
     rows, best = [], {}
     for kind in ("2peer", "1peer", "diloco"):
         row = [METHODS[kind]]
-        for lr in decay.OUTER_LRS:
-            for mom in decay.OUTER_MOMENTA:
-                run = runs.get(
-                    decay._spec(kind, decay.H, 8, 0, outer_lr=lr, outer_momentum=mom).key
-                )
-                row.append("—" if run is None else f"{run.final:.3f}")
-                if run is not None and run.final < best.get(METHODS[kind], (0, 0, math.inf))[2]:
-                    best[METHODS[kind]] = (lr, mom, run.final)
+        for lr in plan.outer_lrs:
+            for mom in plan.outer_momenta:
+                run = runs.get(plan.outer(kind, lr, mom).key)
+                row.append(_fmt(None if run is None else run.final))
+                if run is not None and run.final < best.get(kind, (0, 0, math.inf))[2]:
+                    best[kind] = (lr, mom, run.final)
         rows.append(row)
     header = ["method"] + [
-        f"η={lr:g}, μ={m:g}" for lr in decay.OUTER_LRS for m in decay.OUTER_MOMENTA
+        f"η={lr:g}, μ={m:g}" for lr in plan.outer_lrs for m in plan.outer_momenta
     ]
-    return table(header, rows), best
+    text = "; ".join(
+        f"{METHODS[k]} η={lr:g}, μ={mom:g} ({loss:.3f})" for k, (lr, mom, loss) in best.items()
+    )
+    return table(header, rows), f"Best per method: {text}." if best else "No run yet."
 
 
-def _h1(runs: dict[str, Run]) -> tuple[list[str], str]:
-    rows = []
-    dadam = {
-        t: runs.get(RunSpec("dadam", t, 1, 8, 0).key)
-        for t in ("1peer", "2peer", "ring", "complete")
-    }
-    best: dict[str, tuple[float, float]] = {}
-    for mom in decay.H1_MOMENTA:
+def _h1(plan: Plan, runs: dict[str, Run]) -> tuple[list[str], str]:
+    dadam = {t: runs.get(plan.dadam(t).key) for t in ("1peer", "2peer", "ring", "complete")}
+    final = {t: None if r is None else r.final for t, r in dadam.items()}
+    rows, best = [], {}
+    for mom in plan.h1_momenta:
         row = [f"{1 - mom:g}, {mom:g}"]
         for kind in ("1peer", "2peer"):
-            run = runs.get(
-                decay._spec(kind, 1, 8, 0, outer_lr=round(1.0 - mom, 3), outer_momentum=mom).key
-            )
-            ref = dadam[kind]
-            if run is None:
-                row += ["—", "—"]
-                continue
-            row += [f"{run.final:.3f}", "—" if ref is None else f"{run.final - ref.final:+.3f}"]
-            if run.final < best.get(kind, (0.0, math.inf))[1]:
-                best[kind] = (mom, run.final)
+            run, ref = runs.get(plan.h1(kind, mom).key), final[kind]
+            loss = None if run is None else run.final
+            diff = None if loss is None or ref is None else loss - ref
+            row += [_fmt(loss), _fmt(diff, sign=True)]
+            if loss is not None and loss < best.get(kind, (0.0, math.inf))[1]:
+                best[kind] = (mom, loss)
         rows.append(row)
-    finals = {t: "—" if r is None else f"{r.final:.3f}" for t, r in dadam.items()}
-    rows.append(["DAdam: η=1, μ=0", finals["1peer"], "", finals["2peer"], ""])
-    rows.append(["DAdam on a ring / complete graph", finals["ring"], "", finals["complete"], ""])
+    rows.append(["DAdam: η=1, μ=0", _fmt(final["1peer"]), "", _fmt(final["2peer"]), ""])
+    rows.append(["DAdam: ring / complete", _fmt(final["ring"]), "", _fmt(final["complete"]), ""])
     header = ["η, μ", "GASLoC-1peer", "Δ to DAdam-1peer", "GASLoC-2peer", "Δ to DAdam-2peer"]
-    if len(best) < 2 or any(v is None for v in dadam.values()):
-        return table(header, rows), "(1) incomplete (runs missing)."
-    d1 = best["1peer"][1] - dadam["1peer"].final  # type: ignore[union-attr]
-    d2 = best["2peer"][1] - dadam["2peer"].final  # type: ignore[union-attr]
+    if len(best) < 2 or any(v is None for v in final.values()):
+        return table(header, rows), "**Claim (1): incomplete (runs missing).**"
+    d1 = best["1peer"][1] - final["1peer"]  # type: ignore[operator]
+    d2 = best["2peer"][1] - final["2peer"]  # type: ignore[operator]
     reach = min(best["1peer"][1], best["2peer"][1])
-    ref = min(dadam["ring"].final, dadam["complete"].final)  # type: ignore[union-attr]
+    ref = min(final["ring"], final["complete"])  # type: ignore[type-var]
     beats, matches = d1 < 0 and d2 < 0, reach <= ref + TOLERANCE
     verdict = (
         "holds" if beats and matches else "holds in part" if beats or matches else "does not hold"
     )
     text = (
-        f"**Claim (1), H=1 with a cosine decay (seed 0 only): {verdict}.** Best GASLoC-1peer "
-        f"(μ={best['1peer'][0]:g}) {d1:+.3f} against DAdam-1peer, best GASLoC-2peer "
-        f"(μ={best['2peer'][0]:g}) {d2:+.3f} against DAdam-2peer; the better of them "
-        f"{reach:.3f} against DAdam on a ring/complete graph {ref:.3f} (rule: below DAdam on "
-        f"the same topology, and within {TOLERANCE} of ring/complete or below). The best μ is "
-        "chosen on the same seed it is scored on, which flatters GASLoC by the spread of the "
-        "four settings' noise."
+        f"**Claim (1), H=1 with a cosine decay (seed 0 only): {verdict}.** The best "
+        f"GASLoC-1peer (μ={best['1peer'][0]:g}) is {d1:+.3f} against DAdam-1peer, the best "
+        f"GASLoC-2peer (μ={best['2peer'][0]:g}) {d2:+.3f} against DAdam-2peer; the better of "
+        f"them reaches {reach:.3f}, DAdam on a ring / complete graph the better "
+        f"{ref:.3f} (rule: below DAdam on the same topology, and within {TOLERANCE} of "
+        "ring/complete or below). The best μ is picked on the seed it is scored on, which "
+        "flatters GASLoC by about the spread of the settings' noise."
     )
     return table(header, rows), text
 
 
-def _noise(runs: dict[str, Run]) -> tuple[list[str], str]:
-    """GASLoC vs DiLoCo at 16 workers: the batch and the model varied (seed 0)."""
-    n, h = decay.NOISE_WORKERS, decay.H
-    settings = [
-        ("tiny, batch 8, 480 steps (the main grid)", {}),
-        (f"tiny, batch {decay.BIG_BATCH}, 480 steps", {"batch_size": decay.BIG_BATCH}),
-        (
-            f"tiny, batch 8, {decay.BIG_MODEL_STEPS} steps",
-            {"steps_per_worker": decay.BIG_MODEL_STEPS},
-        ),
-        (
-            f"{decay.BIG_MODEL} (4.9M), batch 8, {decay.BIG_MODEL_STEPS} steps",
-            {"model": decay.BIG_MODEL, "steps_per_worker": decay.BIG_MODEL_STEPS},
-        ),
-    ]
+def _noise(mode: DecayMode, runs: dict[str, Run]) -> tuple[list[str], str]:
+    """GASLoC vs DiLoCo at the noise study's size with the batch and the model varied."""
+    plan, b = mode.plan, mode.budget
+    settings = plan.noise_settings(b.batch_size, b.steps_per_worker)
     rows, gaps = [], {}
     for label, kw in settings:
-        found = {
-            k: runs.get(decay._spec(k, h, n, 0, **kw).key) for k in ("diloco", "2peer", "1peer")
-        }
-        di = found["diloco"]
-        row = [label]
+        found = {k: runs.get(plan.noise(k, kw).key) for k in ("diloco", "2peer", "1peer")}
+        di, row = found["diloco"], [label]
         for k in ("diloco", "2peer", "1peer"):
             r = found[k]
-            if r is None:
+            if r is None and k == "1peer" and "steps_per_worker" in kw:
+                row.append("not run")  # the plan leaves it out of the shorter rows
+            elif r is None:
                 row.append("—")
             elif k == "diloco" or di is None:
                 row.append(f"{r.final:.3f}")
@@ -212,68 +198,59 @@ def _noise(runs: dict[str, Run]) -> tuple[list[str], str]:
                 row.append(f"{r.final:.3f} ({r.final - di.final:+.3f})")
         g2 = found["2peer"]
         if di is not None and g2 is not None:
-            gaps[label] = (g2.final - di.final, g2.summary["mean_model_val_loss"] - di.final)
-            row.append(f"{gaps[label][1]:+.3f}")
+            gaps[label] = g2.final - di.final
+            row.append(f"{g2.summary['mean_model_val_loss'] - di.final:+.3f}")
         else:
             row.append("—")
         rows.append(row)
     header = [
-        "setting (16 workers, H=30, seed 0)",
+        f"setting ({plan.noise_workers} workers, H={plan.h}, seed 0)",
         "DiLoCo",
         "GASLoC-2peer (Δ)",
         "GASLoC-1peer (Δ)",
         "θ̄ of GASLoC-2peer − DiLoCo",
     ]
-    labels = [s[0] for s in settings]
-    if not all(lab in gaps for lab in labels):
-        return table(header, rows), "Noise-scale study: incomplete (runs missing)."
-    base, batch, short, big = (gaps[lab][0] for lab in labels)
-    shrinks_batch = batch < base - TOLERANCE / 2
-    shrinks_model = big < short - TOLERANCE / 2
+    if len(gaps) < len(settings):
+        return table(header, rows), "**Noise scale: incomplete (runs missing).**"
+    base, batch, short, big = (gaps[label] for label, _ in settings)
+    margin = TOLERANCE / 2
+
+    def says(now: float, before: float) -> str:
+        return "shrinks" if now < before - margin else "grows" if now > before + margin else "stays"
+
     text = (
-        f"**Noise scale (seed 0 only):** GASLoC-2peer's gap to DiLoCo at 16 workers is "
-        f"{base:+.3f} at batch 8 and {batch:+.3f} at batch {decay.BIG_BATCH} (a quarter of the "
-        f"gradient noise): {'it shrinks' if shrinks_batch else 'it does not shrink'}; over "
-        f"{decay.BIG_MODEL_STEPS} steps it is {short:+.3f} with the tiny model and {big:+.3f} "
-        f"with the 20× bigger one: {'it shrinks' if shrinks_model else 'it does not shrink'} "
-        f"(rule: smaller by more than {TOLERANCE / 2} nats; one seed, where paired gaps moved "
-        "by ~0.01-0.03 between seeds in the main grid)."
+        f"**Noise scale (seed 0 only):** GASLoC-2peer's gap to DiLoCo at "
+        f"{plan.noise_workers} workers is {base:+.3f} at batch {b.batch_size} and "
+        f"{batch:+.3f} at batch {plan.big_batch} (a quarter of the gradient noise per "
+        f"step): it {says(batch, base)}; over {plan.big_model_steps} steps it is {short:+.3f} "
+        f"with the tiny model and {big:+.3f} with `{plan.big_model}`: it {says(big, short)} "
+        f"(rule: a change of more than {margin:g} nats; one seed, and paired gaps moved by "
+        "~0.01–0.03 between seeds in the main grid)."
     )
     return table(header, rows), text
 
 
-def _curves(runs: Sequence[Run], title: str, path: Path) -> Path | None:
-    if not runs:
-        return None
-    plots.loss_and_consensus(runs, title, path)
-    return path
-
-
-def _outer_plot(runs: dict[str, Run], path: Path) -> Path | None:
+def _outer_plot(plan: Plan, runs: dict[str, Run], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     drew = False
     for ax, kind in zip(axes, ("2peer", "1peer", "diloco"), strict=True):
         grid = [
             [
-                getattr(
-                    runs.get(decay._spec(kind, decay.H, 8, 0, outer_lr=lr, outer_momentum=m).key),
-                    "final",
-                    math.nan,
-                )
-                for lr in decay.OUTER_LRS
+                getattr(runs.get(plan.outer(kind, lr, m).key), "final", math.nan)
+                for lr in plan.outer_lrs
             ]
-            for m in decay.OUTER_MOMENTA
+            for m in plan.outer_momenta
         ]
         drew |= any(not math.isnan(v) for row in grid for v in row)
         im = ax.imshow(grid, cmap="viridis_r", aspect="auto")
         for i, row in enumerate(grid):
             for j, v in enumerate(row):
                 ax.text(j, i, f"{v:.3f}", ha="center", va="center", color="w", fontsize=9)
-        ax.set_xticks(range(len(decay.OUTER_LRS)), [f"η={v:g}" for v in decay.OUTER_LRS])
-        ax.set_yticks(range(len(decay.OUTER_MOMENTA)), [f"μ={v:g}" for v in decay.OUTER_MOMENTA])
+        ax.set_xticks(range(len(plan.outer_lrs)), [f"η={v:g}" for v in plan.outer_lrs])
+        ax.set_yticks(range(len(plan.outer_momenta)), [f"μ={v:g}" for v in plan.outer_momenta])
         ax.set_title(METHODS[kind])
         fig.colorbar(im, ax=ax)
-    fig.suptitle("final validation loss, 8 workers, H=30, cosine decay, seed 0")
+    fig.suptitle(f"final validation loss, {plan.small_workers} workers, H={plan.h}, cosine, seed 0")
     fig.tight_layout()
     if drew:
         fig.savefig(path, dpi=90)
@@ -281,42 +258,47 @@ def _outer_plot(runs: dict[str, Run], path: Path) -> Path | None:
     return path if drew else None
 
 
+def _plots(mode: DecayMode, runs: dict[str, Run], png_dir: Path) -> list[Path]:
+    plan, made = mode.plan, []
+    for n in plan.workers:
+        found: Sequence[Run] = [
+            r for k in COMPARED_ORDER if (r := runs.get(plan.spec(k, plan.h, n, 0).key))
+        ]
+        if found:
+            path = png_dir / f"paper_{mode.name}_n{n}.png"
+            plots.loss_and_consensus(found, f"{n} workers, H={plan.h}, cosine, seed 0", path)
+            made.append(path)
+    outer = _outer_plot(plan, runs, png_dir / f"paper_{mode.name}_outer.png")
+    return made + ([outer] if outer else [])
+
+
+COMPARED_ORDER = ("diloco", "2peer", "1peer")
+
+
 def write_decay_report(
-    mode: Mode, runs: dict[str, Run], meta: Meta, md_path: Path, png_dir: Path, json_dir: Path
+    mode: DecayMode, runs: dict[str, Run], meta: Meta, md_path: Path, png_dir: Path, json_dir: Path
 ) -> str:
-    """Write ``paper_decay.md`` and its plots; return the markdown."""
+    """Write ``paper_<mode>.md`` and its plots; return the markdown."""
     png_dir.mkdir(parents=True, exist_ok=True)
-    b, net = mode.budget, mode.network
-    main_lines, gaps = _main(runs, json_dir)
-    outer_lines, best = _outer(runs)
-    h1_lines, claim1 = _h1(runs)
-    noise_lines, noise = _noise(runs)
+    plan, b, net = mode.plan, mode.budget, mode.network
+    main_lines, gaps = _main(plan, runs, json_dir)
+    outer_lines, best = _outer(plan, runs)
+    h1_lines, claim1 = _h1(plan, runs)
+    noise_lines, noise = _noise(mode, runs)
     core_min = math.fsum(r.summary.get("real_elapsed_s", 0.0) for r in runs.values()) / 60
-    pngs = [
-        _curves(
-            [
-                r
-                for k in ("diloco", "2peer", "1peer")
-                if (r := runs.get(decay._spec(k, decay.H, 16, 0).key))
-            ],
-            "16 workers, H=30, cosine decay, seed 0",
-            png_dir / "paper_decay_n16.png",
-        ),
-        _outer_plot(runs, png_dir / "paper_decay_outer.png"),
-    ]
-    best_line = "; ".join(
-        f"{m} η={lr:g}, μ={mom:g} ({loss:.3f})" for m, (lr, mom, loss) in best.items()
-    )
+    pngs = _plots(mode, runs, png_dir)
+    seeds = ", ".join(map(str, plan.seeds))
     lines = [
         "# The paper's claims with a decayed inner LR (issue 17)",
         "",
-        f"Generated by `bench/paper.py --mode decay`; every number comes from the JSON files in "
-        f"`{_rel(json_dir)}/` (one per run, with its `gaslocd simulate` command). "
-        f"{len(runs)} runs, **{core_min:.0f} core-minutes** of training summed (one core a run).",
+        f"Generated by `bench/paper.py --mode {mode.name}`; every number comes from the JSON "
+        f"files in `{_rel(json_dir)}/` (one per run, with its `gaslocd simulate` command). "
+        f"{len(runs)} runs, **{core_min:.0f} core-minutes** of training summed (one core a "
+        "run).",
         "",
         "## Verdicts",
         "",
-        _verdict2(gaps),
+        verdict2(plan, gaps),
         "",
         claim1,
         "",
@@ -326,44 +308,45 @@ def write_decay_report(
         "",
         f"- report written by `{meta.command}` on {meta.started}; machine: {machine()}",
         *_invocations(json_dir),
-        f"- every run: {b.steps_per_worker} AdamW steps per worker of {b.batch_size} × {b.seq_len} "
-        f"tokens unless its row says otherwise; inner lr {b.inner_lr:g}, {b.warmup_steps} warm-up "
-        f"steps, then a **cosine decay to {b.lr_floor:g}× at the run's last step** "
-        "(`--lr-schedule cosine`); model `tiny` (246,240 parameters) unless stated",
+        f"- every run: {b.steps_per_worker} AdamW steps per worker of {b.batch_size} × "
+        f"{b.seq_len} tokens unless its row says otherwise; inner lr {b.inner_lr:g}, "
+        f"{b.warmup_steps} warm-up steps, then a **cosine decay to {b.lr_floor:g}× at the "
+        "run's last step** (`--lr-schedule cosine`); model `tiny` (246,240 parameters) "
+        "unless stated (`small`: 4,885,760)",
         f"- simulated clock as in `paper_shared.md`: step {net.step_time_s:g} s, "
-        f"{net.bandwidth_mbps:g} Mbit/s, {net.latency_ms:g} ms (it times the runs; with fixed H "
-        "and no straggler it does not change their math)",
+        f"{net.bandwidth_mbps:g} Mbit/s, {net.latency_ms:g} ms (with fixed H and no "
+        "straggler it times the runs without changing their math)",
         "- outer settings unless stated: GASLoC and DiLoCo η=0.7, μ=0.9; DAdam and "
         "Local-DAdam η=1, μ=0. `a ± b`: mean over seeds ± half their range; a Δ is paired "
         "(same seed), with how many seeds are below zero",
-        "- single-seed (seed 0): the η×μ grid, H=1, the noise-scale study. Cut to fit ~3 h "
-        "of this machine: seed 1 of those, the 32-worker size, the `small` model's second "
-        "seed and its full step budget, Local-DAdam and GASLoC-1peer in the noise study's "
-        "`small` rows",
+        "- single seed (seed 0): the η×μ grid, H=1 and the noise-scale study; cut to fit "
+        "about 3 hours of this 2-core machine: their second seed, the 32-worker size, and "
+        f"the `{plan.big_model}` model's full step budget",
         "",
-        f"## H={decay.H}: 8 and 16 workers, seeds {', '.join(map(str, decay.SEEDS))}",
+        f"## H={plan.h}: {', '.join(map(str, plan.workers))} workers, seeds {seeds}",
         "",
         "'constant LR': the same runs in `paper_shared/` (the daemon's round, same seeds), "
         "whose only difference is the schedule. 'loss of θ̄': the workers' average model, "
         "what one exact all-reduce at the end would give.",
         "",
         *main_lines,
-        "## The outer settings at H=30 (8 workers, seed 0)",
+        f"## The outer settings at H={plan.h} ({plan.small_workers} workers, seed 0)",
         "",
-        f"Best per method: {best_line}.",
+        best,
         "",
         *outer_lines,
-        "## H=1 with small outer momenta (8 workers, seed 0)",
+        f"## H=1 with small outer momenta ({plan.small_workers} workers, seed 0)",
         "",
         "The earlier H=1 runs all had μ ≥ 0.5; here η = 1 − μ, so that η/(1 − μ) = 1 keeps "
-        "the outer step's long-run size at one local step.",
+        "the outer step's long-run size at one local step. η=1, μ=0 is DAdam itself (the "
+        "same gossip of θ̃), so its row must read +0.000: a check of the two code paths.",
         "",
         *h1_lines,
-        "## Noise scale: is the gap at 16 workers a small-batch effect?",
+        f"## Noise scale: is the gap at {plan.noise_workers} workers a small-batch effect?",
         "",
         *noise_lines,
+        *(f"![{p.stem}]({p.name})" for p in pngs),
     ]
-    lines += [f"![{p.stem}]({p.name})" for p in pngs if p is not None]
     text = "\n".join(lines).rstrip() + "\n"
     md_path.write_text(text)
     return text
