@@ -178,11 +178,13 @@ class Simulation:
 
     def _refusals(self, state: RoundState) -> set[tuple[int, int]]:
         """(receiver, sender) pairs where the receiver's wire would refuse the sender's θ̃
-        (farther than the norm bound from its own): the daemon's one-sided discard."""
+        (farther than the norm bound from its own θ̃): the daemon's one-sided discard.
+        Overlapped, θ̃ is the held one: the live parameters are the eager point."""
         refused = set()
         for e in (e for e in state.edges if e.moved):
             for me, other in ((e.a, e.b), (e.b, e.a)):
-                own = on_host(self.workers[me].flat.flat)
+                w = self.workers[me]
+                own = on_host(w.flat.flat if w.pending is None else w.pending)
                 theirs = self._fetch(state, other, me)
                 if float((theirs - own).norm()) > self.norm_bound * float(own.norm()):
                     refused.add((me, other))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gaslocd.config import AlgoConfig, OuterConfig, SimConfig, Straggler, TrainConfig
+from gaslocd.config import AlgoConfig, OuterConfig, SimConfig, Straggler, TrainConfig, WireConfig
 from gaslocd.protocol.policy import RoundPolicy
 from gaslocd.sim.clock import landing_step
 from gaslocd.sim.runner import Simulation
@@ -268,3 +268,33 @@ def test_evaluating_between_overlapped_rounds_changes_nothing_in_the_run(corpus:
     for x, y in zip(often.workers, rarely.workers, strict=True):
         assert torch.equal(x.flat.flat, y.flat.flat) and torch.equal(x.momentum, y.momentum)
         assert list(x.trust.accepted) == list(y.trust.accepted)
+
+
+def test_the_norm_bound_compares_a_partners_tilde_with_our_own_not_the_eager_point(
+    corpus: Corpus,
+) -> None:
+    # As a daemon's wire does: ‖θ̃_j − θ̃_i‖ against norm_bound·‖θ̃_i‖, with θ̃_i the held
+    # θ̃ of the round, not the eager point the live parameters moved to.
+    simulation = _overlapped(corpus, 3, eval_every=3)
+    checked: list[int] = []
+
+    def check(record: object) -> None:
+        held = simulation._held
+        if held is None:
+            return
+        ratios = []
+        for e in (e for e in held.edges if e.moved):
+            for me, other in ((e.a, e.b), (e.b, e.a)):
+                own = simulation.workers[me].pending
+                assert own is not None
+                theirs = simulation._fetch(held, other, me)
+                ratios.append(float((theirs - own).norm()) / float(own.norm()))
+        simulation.norm_bound = max(ratios) * 1.001
+        assert simulation._refusals(held) == set()
+        simulation.norm_bound = max(ratios) * 0.999
+        assert simulation._refusals(held)
+        simulation.norm_bound = WireConfig().norm_bound
+        checked.append(1)
+
+    simulation.run(on_round=check)
+    assert checked
