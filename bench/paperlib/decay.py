@@ -13,7 +13,9 @@ in a trial. This mode trains, all with that decay:
 - ``noise``: is the gap at 16 workers a noise-scale effect? The same comparison with
   4× the batch (same steps, a quarter of the gradient noise), and with the ``small``
   model (4.9M parameters, 20× the tiny one) over half the steps beside the tiny model
-  over those same steps, seed 0.
+  over those same steps, seed 0;
+- ``peak_lr``: GASLoC-2peer and DiLoCo at twice the peak inner LR (the decay lowers the
+  mean LR; a decayed schedule usually pairs with a higher peak), seed 0.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from .grid import FULL, Mode, RunSpec
 
-SECTIONS = ("main", "noise", "outer", "h1_mu")
+SECTIONS = ("main", "noise", "outer", "h1_mu", "peak_lr")
 COMPARED = ("1peer", "2peer", "diloco")
 
 
@@ -40,6 +42,8 @@ class Plan:
     big_model: str = "small"
     big_model_steps: int = 240  # half the budget: a small-model step costs ~11× a tiny one
     noise_workers: int = 16
+    # A decay to 10% lowers the mean LR: does a higher peak give the loss back?
+    peak_lrs: tuple[float, ...] = (6e-3,)
 
     @property
     def small_workers(self) -> int:
@@ -101,7 +105,13 @@ class Plan:
             for _, kw in self.noise_settings()[1:]
             for k in (COMPARED if "batch_size" in kw else ("2peer", "diloco"))
         ]
-        return {"main": main, "noise": noise, "outer": outer, "h1_mu": h1_mu}
+        peak_lr = [
+            self.spec(k, self.h, n, 0, inner_lr=lr)
+            for lr in self.peak_lrs
+            for n in self.workers
+            for k in ("2peer", "diloco")
+        ]
+        return {"main": main, "noise": noise, "outer": outer, "h1_mu": h1_mu, "peak_lr": peak_lr}
 
 
 @dataclass(frozen=True)

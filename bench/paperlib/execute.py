@@ -43,6 +43,7 @@ def configs(
         budget,
         batch_size=spec.batch_size or budget.batch_size,
         steps_per_worker=spec.steps_per_worker or budget.steps_per_worker,
+        inner_lr=spec.inner_lr or budget.inner_lr,
     )
     rounds = budget.rounds(spec.inner_steps, spec.budget_scale)
     decays = budget.lr_schedule != "constant"

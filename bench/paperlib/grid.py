@@ -85,6 +85,7 @@ class RunSpec:
     batch_size: int | None = None
     model: str = "tiny"
     steps_per_worker: int | None = None
+    inner_lr: float | None = None  # the peak inner LR (a decayed schedule's own optimum)
 
     @property
     def outer(self) -> tuple[float, float]:
@@ -114,6 +115,8 @@ class RunSpec:
             parts.append(f"batch {self.batch_size}")
         if self.steps_per_worker is not None:
             parts.append(f"{self.steps_per_worker} steps")
+        if self.inner_lr is not None:
+            parts.append(f"inner lr {self.inner_lr:g}")
         return ", ".join(parts)
 
     @property
@@ -147,6 +150,8 @@ class RunSpec:
             parts.append(f"b{self.batch_size}")
         if self.steps_per_worker is not None:
             parts.append(f"st{self.steps_per_worker}")
+        if self.inner_lr is not None:
+            parts.append(f"ilr{self.inner_lr:g}")
         return "_".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
@@ -159,7 +164,13 @@ class RunSpec:
         return d
 
 
-_SPEC_DEFAULTS = {"budget_scale": 1, "batch_size": None, "model": "tiny", "steps_per_worker": None}
+_SPEC_DEFAULTS = {
+    "budget_scale": 1,
+    "batch_size": None,
+    "model": "tiny",
+    "steps_per_worker": None,
+    "inner_lr": None,
+}
 
 
 def _gasloc(topology: str, h: int, n: int, seed: int, **kw: Any) -> RunSpec:

@@ -32,6 +32,7 @@ PLAN = Plan(
     big_batch=4,
     big_model_steps=2,
     noise_workers=4,
+    peak_lrs=(6e-3,),
 )
 BUDGET = Budget(
     steps_per_worker=4, batch_size=2, seq_len=16, eval_batches=1, inner_lr=3e-3,
@@ -63,12 +64,15 @@ def test_a_micro_decay_grid_writes_every_verdict_table_and_plot(
     text = md.read_text()
     assert md.name == "paper_micro_decay.md"
     for line in ("**Claim (2), H=2 with a cosine decay:", "**Claim (1), H=1 with a cosine",
-                 "**Noise scale (seed 0 only):**", "Best per method: GASLoC-2peer"):  # fmt: skip
+                 "**Noise scale (seed 0 only):**", "Best per method: GASLoC-2peer",
+                 "**Schedule and peak LR (seed 0):** no constant-LR twins"):  # fmt: skip
         assert line in text
     assert "incomplete" not in text
     # Every run is in its table (the main table's constant-LR twins live in paper_shared/,
-    # absent here, and DiLoCo has no gap to itself: those cells alone read "—").
-    assert "| — |" not in text.split("## The outer settings")[1]
+    # absent here, as in the last table, and DiLoCo has no gap to itself: those cells
+    # alone read "—").
+    middle = text.split("## The outer settings")[1].split("## The schedule")[0]
+    assert "| — |" not in middle
     files = list((tmp_path / "paper_micro_decay").glob("*_*.json"))
     assert len(files) == len({s.key for specs in MICRO.sections.values() for s in specs})
     small = json.loads(next(p for p in files if "small" in p.name).read_text())
