@@ -17,7 +17,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -54,6 +54,10 @@ class RoundRecord:
     failure_reasons: dict[str, int] = field(default_factory=dict)
     resyncs: tuple[tuple[str, str], ...] = ()  # (peer, the peer whose state it took)
     digest: str = ""  # gaslocd.sim.schedule.round_digest of this round
+    # When the evaluated model exists, if later than the round's end: overlapped, the
+    # model evaluated between rounds has the round in flight landed, which needs its
+    # exchanges to be over (a time to a loss must not read it earlier).
+    val_at_s: float | None = None
 
 
 @dataclass
@@ -380,6 +384,9 @@ class Simulation:
                 self.flush()
             val = self.evaluate() if (t + 1) % self.sim.eval_every == 0 or last else None
             record = self._record(state, train_loss, val)
+            if val is not None and self._held is not None:
+                ended = max(self._held.exchange_end_s, default=0.0)
+                record = replace(record, val_at_s=max(record.wall_clock_s, ended))
             result.records.append(record)
             if on_round is not None:
                 on_round(record)

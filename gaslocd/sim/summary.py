@@ -125,7 +125,7 @@ def simulation_summary(result: SimResult, args: dict[str, Any]) -> dict[str, Any
     """The summary of a simulated run, as written by ``gaslocd simulate --json``."""
     val_curve = [{"round": 0, "wall_clock_s": 0.0, "val_loss": result.initial_val_loss}]
     val_curve += [
-        {"round": r.round, "wall_clock_s": r.wall_clock_s, "val_loss": r.val_loss}
+        {"round": r.round, "wall_clock_s": r.val_at_s or r.wall_clock_s, "val_loss": r.val_loss}
         for r in result.records
         if r.val_loss is not None
     ]

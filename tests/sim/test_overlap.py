@@ -15,6 +15,7 @@ from gaslocd.protocol.policy import RoundPolicy
 from gaslocd.sim.clock import landing_step
 from gaslocd.sim.runner import Simulation
 from gaslocd.sim.schedule import Schedule
+from gaslocd.sim.summary import simulation_summary
 from gaslocd.train.data import Corpus
 from gaslocd.train.worker import Worker
 
@@ -298,3 +299,20 @@ def test_the_norm_bound_compares_a_partners_tilde_with_our_own_not_the_eager_poi
 
     simulation.run(on_round=check)
     assert checked
+
+
+def test_a_landed_evaluation_is_timed_when_its_exchanges_are_over(corpus: Corpus) -> None:
+    # A straggler's exchanges end long after the round: the landed model evaluated at a
+    # round's end is stamped no earlier than its last exchange, in the summary's curve.
+    sim = SimConfig(
+        workers=4, rounds=4, step_time_s=0.5, bandwidth_mbps=8, latency_ms=10,
+        message_bytes=MB, eval_every=1, stragglers=(Straggler(0, 0.25),),
+    )  # fmt: skip
+    algo = AlgoConfig(topology="1peer", inner_steps=4, overlap=True)
+    result = Simulation(algo, TRAIN, sim, corpus=corpus).run()
+    between = result.records[:-1]
+    assert all(r.val_at_s is not None and r.val_at_s >= r.wall_clock_s for r in between)
+    assert any(r.val_at_s > r.wall_clock_s for r in between)  # type: ignore[operator]
+    assert result.records[-1].val_at_s is None  # the last one landed before it was taken
+    curve = simulation_summary(result, {})["val_loss_curve"]
+    assert [p["wall_clock_s"] for p in curve[1:-1]] == [r.val_at_s for r in between]
