@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 ALGOS = ("gasloc", "diloco", "dadam", "local-dadam")
 TOPOLOGIES = ("1peer", "2peer", "ring", "exp", "complete")
+GOSSIP_MODES = ("momentum", "direct")
 CODECS = ("fp32", "fp16", "bf16", "int8", "q4")
 
 
@@ -44,6 +45,7 @@ class OuterConfig:
 
     lr: float = 0.7
     momentum: float = 0.9
+    gossip: str = "momentum"  # the mix enters m (version G), or "direct": θ, beside the step
 
     def __post_init__(self) -> None:
         _positive("outer learning rate", self.lr)
@@ -51,6 +53,7 @@ class OuterConfig:
             math.isfinite(self.momentum) and 0.0 <= self.momentum < 1.0,
             f"outer momentum must be in [0, 1), got {self.momentum!r}",
         )
+        _one_of("gossip", self.gossip, GOSSIP_MODES)
 
 
 @dataclass(frozen=True)
@@ -384,17 +387,14 @@ class DaemonConfig:
         return self.announce if sep and port.isdigit() else f"{self.announce}:{bound_port}"
 
     def __post_init__(self) -> None:
+        rid = self.run_id
         _check(
-            bool(self.run_id)
-            and len(self.run_id) <= 64
-            and self.run_id.isprintable()
-            and " " not in self.run_id,
-            f"run id must be 1..64 printable characters without spaces, got {self.run_id!r}",
+            0 < len(rid) <= 64 and rid.isprintable() and " " not in rid,
+            f"run id must be 1..64 printable characters without spaces, got {rid!r}",
         )
-        for name, port in (("port", self.port), ("DHT port", self.dht_port)):
-            _check(0 <= port < 65536, f"{name} must be in 0..65535, got {port}")
-        mp = self.metrics_port
-        _check(mp is None or 0 <= mp < 65536, f"metrics port must be in 0..65535, got {mp}")
+        ports = {"port": self.port, "DHT port": self.dht_port, "metrics port": self.metrics_port}
+        for name, port in ports.items():
+            _check(port is None or 0 <= port < 65536, f"{name} must be in 0..65535, got {port}")
         _one_of("codec", self.codec, CODECS)
         _one_of("reachable", self.reachable, ("yes", "no", "auto"))
         _at_least("checkpoint every", self.checkpoint_every, 1)

@@ -15,7 +15,9 @@ in a trial. This mode trains, all with that decay:
   model (4.9M parameters, 20× the tiny one) over half the steps beside the tiny model
   over those same steps, seed 0;
 - ``peak_lr``: GASLoC-2peer and DiLoCo at twice the peak inner LR (the decay lowers the
-  mean LR; a decayed schedule usually pairs with a higher peak), seed 0.
+  mean LR; a decayed schedule usually pairs with a higher peak), seed 0;
+- ``variant``: GASLoC with ``--gossip direct`` (the outer momentum on our own
+  pseudo-gradient, the mix beside it), the main grid's sizes and seeds.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from .grid import FULL, Mode, RunSpec
 
-SECTIONS = ("main", "noise", "outer", "h1_mu", "peak_lr")
+SECTIONS = ("main", "noise", "outer", "h1_mu", "peak_lr", "variant")
 COMPARED = ("1peer", "2peer", "diloco")
 
 
@@ -111,7 +113,20 @@ class Plan:
             for n in self.workers
             for k in ("2peer", "diloco")
         ]
-        return {"main": main, "noise": noise, "outer": outer, "h1_mu": h1_mu, "peak_lr": peak_lr}
+        variant = [
+            self.spec(k, self.h, n, s, gossip="direct")
+            for n in self.workers
+            for s in self.seeds
+            for k in ("2peer", "1peer")
+        ]
+        return {
+            "main": main,
+            "noise": noise,
+            "outer": outer,
+            "h1_mu": h1_mu,
+            "peak_lr": peak_lr,
+            "variant": variant,
+        }
 
 
 @dataclass(frozen=True)

@@ -271,6 +271,34 @@ def _peak(mode: DecayMode, runs: dict[str, Run], json_dir: Path) -> tuple[list[s
     return table(header, rows), text
 
 
+def _variant(plan: Plan, runs: dict[str, Run]) -> tuple[list[str], str]:
+    """Version G against ``--gossip direct``, paired over seeds, both against DiLoCo."""
+    header = ["workers", "method", "Δ to DiLoCo, G", "Δ to DiLoCo, direct", "direct − G",
+              "consensus, G", "consensus, direct"]  # fmt: skip
+    rows, moved = [], []
+    for n in plan.workers:
+        di = plan.spec("diloco", plan.h, n, 0)
+        for kind in ("2peer", "1peer"):
+            g = plan.spec(kind, plan.h, n, 0)
+            d = replace(g, gossip="direct")
+            dg, dd = paired(runs, g, di, plan.seeds), paired(runs, d, di, plan.seeds)
+            diff = paired(runs, d, g, plan.seeds)
+            if kind == "2peer" and diff:
+                moved.append((n, stat(dg).mean, stat(dd).mean))
+            cons = [stat(r.final_consensus for r in seeds_of(runs, x, plan.seeds)) for x in (g, d)]
+            rows.append([str(n), METHODS[kind], _delta(dg), _delta(dd), _delta(diff),
+                         *(c.fmt(4) for c in cons)])  # fmt: skip
+    if len(moved) < len(plan.workers):
+        return table(header, rows), "**Variant: incomplete (runs missing).**"
+    text = (
+        "**Variant `--gossip direct` (the outer momentum on our own pseudo-gradient, the mix "
+        "moving θ beside it):** GASLoC-2peer's mean paired gap to DiLoCo "
+        + "; ".join(f"n={n}: {a:+.3f} (G) → {b:+.3f} (direct)" for n, a, b in moved)
+        + f" (seeds {', '.join(map(str, plan.seeds))})."
+    )
+    return table(header, rows), text
+
+
 def _outer_plot(plan: Plan, runs: dict[str, Run], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     drew = False
@@ -327,6 +355,7 @@ def write_decay_report(
     h1_lines, claim1 = _h1(plan, runs)
     noise_lines, noise = _noise(mode, runs)
     peak_lines, peak = _peak(mode, runs, json_dir)
+    variant_lines, variant = _variant(plan, runs)
     core_min = math.fsum(r.summary.get("real_elapsed_s", 0.0) for r in runs.values()) / 60
     pngs = _plots(mode, runs, png_dir)
     seeds = ", ".join(map(str, plan.seeds))
@@ -347,6 +376,8 @@ def write_decay_report(
         noise,
         "",
         peak,
+        "",
+        variant,
         "",
         "## Setup",
         "",
@@ -395,6 +426,16 @@ def write_decay_report(
         "same decayed runs at a higher peak inner LR.",
         "",
         *peak_lines,
+        "## A variant of the rule: the mix outside the outer momentum",
+        "",
+        "Version G (the paper's rule, `--gossip momentum`) feeds the mixed θ̃ into the "
+        "Nesterov step, so the consensus correction Σ_j W_ij θ̃_j − θ̃_i is scaled by "
+        "η(1 + μ) in its round and echoed by the momentum in later rounds, when the random "
+        "partner is another one. `--gossip direct` takes the outer step on our own "
+        "pseudo-gradient and moves θ by the correction once, unscaled (at η=1, μ=0 both are "
+        "DAdam). Same runs, seeds and schedule as the main table; Δ paired by seed.",
+        "",
+        *variant_lines,
         *(f"![{p.stem}]({p.name})" for p in pngs),
     ]
     text = "\n".join(lines).rstrip() + "\n"

@@ -51,7 +51,7 @@ def configs(
         algo=spec.algo,
         topology=spec.topology,
         inner_steps=spec.inner_steps,
-        outer=OuterConfig(lr=lr, momentum=mom),
+        outer=OuterConfig(lr=lr, momentum=mom, gossip=spec.gossip),
         adapt_h=spec.adapt_h,
     )
     train = TrainConfig(
@@ -108,6 +108,8 @@ def cli_command(spec: RunSpec, budget: Budget, network: Network) -> str:
         flags.append(f"--straggler 0:{spec.straggler:g}")
     if spec.adapt_h:
         flags.append("--adapt-h")
+    if spec.gossip != "momentum":
+        flags.append(f"--gossip {spec.gossip}")
     return "gaslocd simulate " + " ".join(flags)
 
 

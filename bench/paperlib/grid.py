@@ -86,6 +86,7 @@ class RunSpec:
     model: str = "tiny"
     steps_per_worker: int | None = None
     inner_lr: float | None = None  # the peak inner LR (a decayed schedule's own optimum)
+    gossip: str = "momentum"  # OuterConfig.gossip: "direct" is issue 17's variant
 
     @property
     def outer(self) -> tuple[float, float]:
@@ -105,6 +106,8 @@ class RunSpec:
             name += f"-{self.topology}"
         if self.adapt_h:
             name += " +adapt-H"
+        if self.gossip != "momentum":
+            name += f" ({self.gossip} gossip)"
         return name
 
     @property
@@ -152,6 +155,8 @@ class RunSpec:
             parts.append(f"st{self.steps_per_worker}")
         if self.inner_lr is not None:
             parts.append(f"ilr{self.inner_lr:g}")
+        if self.gossip != "momentum":
+            parts.append(f"g{self.gossip}")
         return "_".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
@@ -170,6 +175,7 @@ _SPEC_DEFAULTS = {
     "model": "tiny",
     "steps_per_worker": None,
     "inner_lr": None,
+    "gossip": "momentum",
 }
 
 

@@ -245,16 +245,28 @@ def robust_mix(
     weights: Mapping[str, float],
     received: Mapping[str, torch.Tensor],
     me: str,
+    gossip: str = "momentum",
 ) -> tuple[torch.Tensor, torch.Tensor | None, float, ClipReport]:
     """A round's mix as :class:`~gaslocd.train.worker.Worker` applies it: each partner's
     θ̃ clipped to the trust radius of the round that went from ``base`` to ``tilde``,
     then :func:`split_mix`; and the consensus distance to the partners as received.
-    The partners' θ̃ (host tensors off the wire) are mixed on ``tilde``'s device."""
+    The partners' θ̃ (host tensors off the wire) are mixed on ``tilde``'s device.
+
+    ``gossip="direct"`` (``OuterConfig.gossip``) hands the outer step our own θ̃ and
+    moves the whole mix, Σ_j W_ij θ̃_j − θ̃_i, into the direct part: the momentum then
+    sees only our own pseudo-gradient, and the consensus step is taken once, unscaled,
+    instead of η(1 + μ) now and again through m in later rounds (with a new random
+    partner each round those later echoes point at the wrong partner)."""
     received = {p: t.to(tilde.device, non_blocking=True) for p, t in received.items()}
     consensus = pairwise_consensus(tilde, received)
     change = abs(float(tilde.norm()) - float(base.norm()))
     used, report = trust.clip(tilde, received, distance(base, tilde), change)
-    return *split_mix(weights, tilde, used, report, me), consensus, report
+    mixed, direct = split_mix(weights, tilde, used, report, me)
+    if gossip == "direct":
+        moved = mixed - tilde
+        direct = moved if direct is None else direct.add_(moved)
+        mixed = tilde.clone()  # the live vector itself, which the outer step overwrites
+    return mixed, direct, consensus, report
 
 
 def _radial_part(own_norm: float, d_r: float, tangential: float, rho: float) -> float:

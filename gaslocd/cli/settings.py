@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gaslocd.cli import values as v
-from gaslocd.config import ALGOS, CODECS, TOPOLOGIES
+from gaslocd.config import ALGOS, CODECS, GOSSIP_MODES, TOPOLOGIES
 
 START, JOIN, STATUS, DEMO, SIMULATE = "start", "join", "status", "demo", "simulate"
 EXPORT, TOKENIZE = "export", "tokenize"
@@ -107,6 +107,10 @@ SETTINGS: tuple[Setting, ...] = (
        fields=("outer.lr",), shown_default="0.7, 1 for dadam"),
     _S("outer_momentum", v.number, None, "outer Nesterov momentum μ", TRAINERS, _ALGO,
        fields=("outer.momentum",), shown_default="0.9, 0 for dadam"),
+    _S("gossip", v.text_value, "momentum", "momentum: the mix of θ̃ enters the outer step "
+       "(the paper's rule); direct: the outer step takes our own pseudo-gradient and the "
+       "mix moves θ beside it", TRAINERS, _ALGO, choices=GOSSIP_MODES,
+       fields=("outer.gossip",)),
     _S("no_adapt_h", v.parse_bool, False, "always take --inner-steps local steps (otherwise "
        "H adapts to speed and links)", DAEMONS | {DEMO}, _ALGO, kind="switch"),
     _S("adapt_h", v.parse_bool, False, "choose H per worker and round from step time and "

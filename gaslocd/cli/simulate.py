@@ -47,9 +47,10 @@ def run_simulate(command: str, resolved: dict[str, Any]) -> int:
     simulation = Simulation(algo, train, sim)
     done = simulation.algo
     adaptive = " adaptive" if done.adapt_h else ""
+    gossip = "" if done.outer.gossip == "momentum" else f" gossip {done.outer.gossip}"
     print(
         f"simulate: {sim.workers} workers, {done.algo}/{done.topology}, "
-        f"H={done.inner_steps}{adaptive}, η={done.outer.lr} μ={done.outer.momentum}, "
+        f"H={done.inner_steps}{adaptive}, η={done.outer.lr} μ={done.outer.momentum}{gossip}, "
         f"model {train.model} ({simulation.workers[0].flat.numel:,} params), codec {sim.codec}, "
         f"corpus {simulation.corpus.source}",
         flush=True,
@@ -69,6 +70,7 @@ def run_simulate(command: str, resolved: dict[str, Any]) -> int:
             "inner_steps": done.inner_steps,
             "outer_lr": done.outer.lr,
             "outer_momentum": done.outer.momentum,
+            "gossip": done.outer.gossip,
         }
         write_json(Path(resolved["json"]), simulation_summary(result, args))
         print(f"summary written to {resolved['json']}")

@@ -243,7 +243,7 @@ class Worker:
         if self.pending is not None:
             return self._complete_eager(weights, received, me, cfg)
         mixed, direct, consensus, report = _robust_mix(
-            self.trust, self.flat.flat, self.theta_start, weights, received, me
+            self.trust, self.flat.flat, self.theta_start, weights, received, me, cfg.gossip
         )
         with self.lock:
             self.flat.load_(self.theta_start)
@@ -269,7 +269,7 @@ class Worker:
         tilde, base = self.pending, self.pending_base
         assert tilde is not None and base is not None
         mixed, direct, consensus, report = _robust_mix(
-            self.trust, tilde, base, weights, received, me
+            self.trust, tilde, base, weights, received, me, cfg.gossip
         )
         diff = tilde.sub(mixed)  # D
         with self.lock:

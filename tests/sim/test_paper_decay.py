@@ -49,6 +49,10 @@ def test_the_decay_grid_trains_with_a_decayed_lr_and_the_overrides() -> None:
     )  # fmt: skip
     line = execute.cli_command(small, MICRO.budget, MICRO.network)
     assert "--model small" in line and "--lr-schedule cosine --lr-floor 0.1" in line
+    variant = PLAN.spec("2peer", 2, 4, 0, gossip="direct")
+    algo, _, _ = execute.configs(variant, MICRO.budget, MICRO.network)
+    assert algo.outer.gossip == "direct" and variant.key.endswith("_gdirect")
+    assert "--gossip direct" in execute.cli_command(variant, MICRO.budget, MICRO.network)
     assert small.key.endswith("_small_st2") and small.setting == "small, 2 steps"
     # The earlier grids' files keep matching their specs: nothing new in their identity.
     plain = FULL.sections["main"][0]
@@ -65,14 +69,15 @@ def test_a_micro_decay_grid_writes_every_verdict_table_and_plot(
     assert md.name == "paper_micro_decay.md"
     for line in ("**Claim (2), H=2 with a cosine decay:", "**Claim (1), H=1 with a cosine",
                  "**Noise scale (seed 0 only):**", "Best per method: GASLoC-2peer",
-                 "**Schedule and peak LR (seed 0):** no constant-LR twins"):  # fmt: skip
+                 "**Schedule and peak LR (seed 0):** no constant-LR twins",
+                 "**Variant `--gossip direct`"):  # fmt: skip
         assert line in text
     assert "incomplete" not in text
     # Every run is in its table (the main table's constant-LR twins live in paper_shared/,
     # absent here, as in the last table, and DiLoCo has no gap to itself: those cells
     # alone read "—").
     middle = text.split("## The outer settings")[1].split("## The schedule")[0]
-    assert "| — |" not in middle
+    assert "| — |" not in middle and "| — |" not in text.split("## A variant")[1]
     files = list((tmp_path / "paper_micro_decay").glob("*_*.json"))
     assert len(files) == len({s.key for specs in MICRO.sections.values() for s in specs})
     small = json.loads(next(p for p in files if "small" in p.name).read_text())
