@@ -111,18 +111,6 @@ class RunSpec:
         return name
 
     @property
-    def setting(self) -> str:
-        """The overrides of the budget, as a table cell ("" when none)."""
-        parts = [] if self.model == "tiny" else [self.model]
-        if self.batch_size is not None:
-            parts.append(f"batch {self.batch_size}")
-        if self.steps_per_worker is not None:
-            parts.append(f"{self.steps_per_worker} steps")
-        if self.inner_lr is not None:
-            parts.append(f"inner lr {self.inner_lr:g}")
-        return ", ".join(parts)
-
-    @property
     def label(self) -> str:
         """The method's name, and the horizon when it is not the mode's budget."""
         return self.method + ("" if self.budget_scale == 1 else f" ({self.budget_scale}× rounds)")

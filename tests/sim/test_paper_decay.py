@@ -53,7 +53,7 @@ def test_the_decay_grid_trains_with_a_decayed_lr_and_the_overrides() -> None:
     algo, _, _ = execute.configs(variant, MICRO.budget, MICRO.network)
     assert algo.outer.gossip == "direct" and variant.key.endswith("_gdirect")
     assert "--gossip direct" in execute.cli_command(variant, MICRO.budget, MICRO.network)
-    assert small.key.endswith("_small_st2") and small.setting == "small, 2 steps"
+    assert small.key.endswith("_small_st2")
     # The earlier grids' files keep matching their specs: nothing new in their identity.
     plain = FULL.sections["main"][0]
     ident = execute._identity(plain, FULL.budget, FULL.network)
