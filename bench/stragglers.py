@@ -53,6 +53,7 @@ class Run:
     adapt_h: bool = True
     seed: int | None = None  # None: the grid's
     longer: int = 1  # runs this many times the grid's rounds
+    gossip: str = "momentum"  # --gossip (docs/design.md §1: "direct" keeps the mix out of m)
 
     def argv(self, g: Grid, message_bytes: int) -> list[str]:
         """The ``gaslocd simulate`` command line of this run."""
@@ -72,6 +73,7 @@ class Run:
             argv += ["--adapt-h"] if self.adapt_h else []
             argv += ["--overlap"] if self.overlap else []
             argv += ["--adapt-codec"] if self.adapt_codec else []
+            argv += ["--gossip", self.gossip] if self.gossip != "momentum" else []
         for k, ratio in enumerate(self.slow):  # fp16 transfer = ratio × T
             argv += ["--straggler", f"{k}:{FAST_SHARE / ratio:.6g}"]
         return argv
@@ -100,12 +102,16 @@ SCENARIOS: dict[str, tuple[float, ...]] = {
 # would give the sequential runs more steps than the overlapped ones), three seeds (one
 # seed's 20 rounds scatter by a few hundredths).
 EQUAL_SEEDS = (0, 1, 2)
-EQUAL = {  # name: (overlap, a codec per link, codec)
-    "sequential-fp16": (False, False, "fp16"),
-    "overlap-fp16": (True, False, "fp16"),
-    "overlap-adaptive": (True, True, "fp16"),
-    "sequential-int8": (False, False, "int8"),
-    "sequential-q4": (False, False, "q4"),
+# With --gossip direct an overlapped round's landing moves θ by the mix alone, not by
+# η(1 + μ) times it: is overlap cheaper there? Each run is compared with its reference.
+EQUAL = {  # name: (overlap, a codec per link, codec, gossip, reference)
+    "sequential-fp16": (False, False, "fp16", "momentum", "sequential-fp16"),
+    "overlap-fp16": (True, False, "fp16", "momentum", "sequential-fp16"),
+    "overlap-adaptive": (True, True, "fp16", "momentum", "sequential-fp16"),
+    "sequential-int8": (False, False, "int8", "momentum", "sequential-fp16"),
+    "sequential-q4": (False, False, "q4", "momentum", "sequential-fp16"),
+    "sequential-direct": (False, False, "fp16", "direct", "sequential-fp16"),
+    "overlap-direct": (True, False, "fp16", "direct", "sequential-direct"),
 }
 
 
@@ -117,9 +123,9 @@ LONGER = 3
 
 def runs() -> list[Run]:
     out = [Run("gasloc-none", "gasloc", longer=LONGER), Run("diloco-none", "diloco")]
-    for name, (overlap, adaptive, codec) in EQUAL.items():
+    for name, (overlap, adaptive, codec, gossip, _) in EQUAL.items():
         out += [
-            Run(f"{name}-s{s}", "gasloc", (), overlap, adaptive, codec, adapt_h=False, seed=s)
+            Run(f"{name}-s{s}", "gasloc", (), overlap, adaptive, codec, False, s, gossip=gossip)
             for s in EQUAL_SEEDS
         ]
     for tag, slow in SCENARIOS.items():
@@ -240,17 +246,20 @@ def analyse(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def equal_tokens(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per variant at equal tokens, no straggler: the mean final loss over the seeds, and
-    its difference from sequential fp16 (mean, and the smallest and largest of the seeds'
-    own differences). Refuses runs whose token counts differ: they would not compare."""
+    its difference from its reference run (mean, and the smallest and largest of the
+    seeds' own differences). Refuses runs whose token counts differ: they would not
+    compare. A variant without results (not trained yet) is left out."""
     first = "sequential-fp16-s"
     seeds = sorted({int(n.removeprefix(first)) for n in results if n.startswith(first)})
-    ref = {s: results[f"sequential-fp16-s{s}"] for s in seeds}
     rows = []
-    for name in EQUAL:
+    for name, (*_, against) in EQUAL.items():
+        if not all(f"{n}-s{s}" in results for n in (name, against) for s in seeds):
+            continue
         runs_ = [results[f"{name}-s{s}"] for s in seeds]
+        ref = {s: results[f"{against}-s{s}"] for s in seeds}
         for s, r in zip(seeds, runs_, strict=True):
             if r["tokens_per_worker"] != ref[s]["tokens_per_worker"]:
-                raise ValueError(f"{name}-s{s}: not the tokens of sequential-fp16-s{s}")
+                raise ValueError(f"{name}-s{s}: not the tokens of {against}-s{s}")
         deltas = [
             r["final_val_loss"] - ref[s]["final_val_loss"]
             for s, r in zip(seeds, runs_, strict=True)
@@ -258,6 +267,7 @@ def equal_tokens(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "run": name,
+                "against": against,
                 "final": sum(r["final_val_loss"] for r in runs_) / len(runs_),
                 "delta": sum(deltas) / len(deltas),
                 "spread": (min(deltas), max(deltas)),
@@ -321,17 +331,19 @@ def write_report(results: dict[str, dict[str, Any]], meta: dict[str, Any], out: 
     lines += [
         "",
         "At equal tokens with no straggler (fixed H, the same steps in every run; final "
-        "validation loss as the mean over seeds, and its difference from sequential fp16 "
-        "gossip of the same seed; target for overlap + per-link codec: ≤ 0.01):",
+        "validation loss as the mean over seeds, and its difference from the reference run "
+        "of the same seed; target for overlap + per-link codec: ≤ 0.01). `direct`: "
+        "`--gossip direct`, the outer momentum on the worker's own pseudo-gradient and the "
+        "mix beside it, so an overlapped landing moves θ by the mix alone:",
         "",
-        "| run | seeds | mean final loss | Δ vs sequential fp16 (mean) | Δ per seed (min … max) |",
-        "|---|---|---|---|---|",
+        "| run | seeds | mean final loss | against | Δ (mean) | Δ per seed (min … max) |",
+        "|---|---|---|---|---|---|",
     ]
     for row in equal_tokens(results):
         low, high = row["spread"]
         lines.append(
-            f"| {row['run']} | {row['seeds']} | {row['final']:.4f} | {row['delta']:+.4f} "
-            f"| {low:+.4f} … {high:+.4f} |"
+            f"| {row['run']} | {row['seeds']} | {row['final']:.4f} | {row['against']} "
+            f"| {row['delta']:+.4f} | {low:+.4f} … {high:+.4f} |"
         )
     lines += ["", "Every run's command line:", ""]
     lines += [f"- {name}: `gaslocd {shlex.join(r['argv'])}`" for name, r in sorted(results.items())]
@@ -417,10 +429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if unknown:
                 p.error(f"no such run: {', '.join(sorted(unknown))}")
             todo = {n: a for n, a in todo.items() if n in args.only}
+        commit = _commit()  # before the runs: the tree they ran
         simulate_all(todo, data, args.jobs)
         from gaslocd import __version__
 
-        commit = _commit()
         commits = {n: kept.get("commits", {}).get(n, "?") for n in kept.get("argv", {})}
         meta = {
             "command": shlex.join([sys.executable, *sys.argv]).replace(str(ROOT) + "/", ""),

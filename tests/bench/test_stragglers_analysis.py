@@ -62,6 +62,14 @@ def test_equal_token_runs_fix_h_and_compare_seed_by_seed() -> None:
     rows = {r["run"]: r for r in stragglers.equal_tokens(results)}
     assert rows["sequential-fp16"]["delta"] == 0.0 and rows["overlap-fp16"]["seeds"] == 2
     assert rows["overlap-fp16"]["delta"] == pytest.approx(0.01)
+    # overlap under --gossip direct is measured against sequential direct gossip
+    k = list(stragglers.EQUAL).index
+    assert rows["overlap-direct"]["against"] == "sequential-direct"
+    assert rows["overlap-direct"]["delta"] == pytest.approx(
+        0.01 * (k("overlap-direct") - k("sequential-direct"))
+    )
+    assert "--gossip" in runs["overlap-direct-s0"].argv(grid, 500_000)
+    assert "--gossip" not in runs["overlap-fp16-s0"].argv(grid, 500_000)
     results["overlap-fp16-s1"]["tokens_per_worker"] = 110  # filled steps: no longer equal
     with pytest.raises(ValueError, match="tokens"):
         stragglers.equal_tokens(results)
