@@ -59,9 +59,8 @@ SECTIONS = (
 def paths(mode: Mode, out: Path | None) -> tuple[Path, Path, Path]:
     """(JSON folder, markdown file, PNG folder) of a mode."""
     if out is None:
-        out = RESULTS if mode.name in ("full", "shared") else Path("/tmp/gaslocd-paper-quick")
-    if out is None and isinstance(mode, decay.DecayMode):
-        out = RESULTS
+        kept = mode.name in ("full", "shared", "decay")  # the committed grids
+        out = RESULTS if kept else Path("/tmp/gaslocd-paper-quick")
     stem = "paper" if mode.name == "full" else f"paper_{mode.name}"
     return out / stem, out / f"{stem}.md", out
 
