@@ -17,7 +17,9 @@ in a trial. This mode trains, all with that decay:
 - ``peak_lr``: GASLoC-2peer and DiLoCo at twice the peak inner LR (the decay lowers the
   mean LR; a decayed schedule usually pairs with a higher peak), seed 0;
 - ``variant``: GASLoC with ``--gossip direct`` (the outer momentum on our own
-  pseudo-gradient, the mix beside it), the main grid's sizes and seeds.
+  pseudo-gradient, the mix beside it), the main grid's sizes and seeds;
+- ``tuned``: GASLoC-2peer and DiLoCo at the main grid's sizes and seeds with the outer
+  setting the η×μ grid found best for DiLoCo under the decay (η=0.7, μ=0.7).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from .grid import FULL, Mode, RunSpec
 
-SECTIONS = ("main", "noise", "outer", "h1_mu", "peak_lr", "variant")
+SECTIONS = ("main", "noise", "outer", "h1_mu", "peak_lr", "variant", "tuned")
 COMPARED = ("1peer", "2peer", "diloco")
 
 
@@ -46,6 +48,8 @@ class Plan:
     noise_workers: int = 16
     # A decay to 10% lowers the mean LR: does a higher peak give the loss back?
     peak_lrs: tuple[float, ...] = (6e-3,)
+    # The main comparison again at the outer setting the η×μ grid found best for DiLoCo.
+    tuned: tuple[float, float] = (0.7, 0.7)
 
     @property
     def small_workers(self) -> int:
@@ -119,7 +123,15 @@ class Plan:
             for s in self.seeds
             for k in ("2peer", "1peer")
         ]
+        lr, mom = self.tuned
+        tuned = [
+            self.spec(k, self.h, n, s, outer_lr=lr, outer_momentum=mom)
+            for n in self.workers
+            for s in self.seeds
+            for k in ("2peer", "diloco")
+        ]
         return {
+            "tuned": tuned,
             "main": main,
             "noise": noise,
             "outer": outer,
