@@ -150,7 +150,7 @@ def _h1(plan: Plan, runs: dict[str, Run]) -> tuple[list[str], str]:
             loss = None if run is None else run.final
             diff = None if loss is None or ref is None else loss - ref
             row += [_fmt(loss), _fmt(diff, sign=True)]
-            if loss is not None and loss < best.get(kind, (0.0, math.inf))[1]:
+            if mom > 0 and loss is not None and loss < best.get(kind, (0.0, math.inf))[1]:
                 best[kind] = (mom, loss)
         rows.append(row)
     rows.append(["DAdam: η=1, μ=0", _fmt(final["1peer"]), "", _fmt(final["2peer"]), ""])
@@ -172,8 +172,9 @@ def _h1(plan: Plan, runs: dict[str, Run]) -> tuple[list[str], str]:
         f"GASLoC-2peer (μ={best['2peer'][0]:g}) {d2:+.3f} against DAdam-2peer; the better of "
         f"them reaches {reach:.3f}, DAdam on a ring / complete graph the better "
         f"{ref:.3f} (rule: below DAdam on the same topology, and within {TOLERANCE} of "
-        "ring/complete or below). The best μ is picked on the seed it is scored on, which "
-        "flatters GASLoC by about the spread of the settings' noise."
+        "ring/complete or below; μ = 0 is DAdam itself and is not a candidate). The best μ is "
+        "picked on the seed it is scored on, which flatters GASLoC by about the spread of "
+        "the settings' noise."
     )
     return table(header, rows), text
 
@@ -261,8 +262,7 @@ def _peak(mode: DecayMode, runs: dict[str, Run], json_dir: Path) -> tuple[list[s
     text = (
         f"**Schedule and peak LR (seed 0):** at the same peak LR ({lr0:g}) the decay moves "
         f"the final loss by {min(moved):+.3f} … {max(moved):+.3f} against a constant LR "
-        "(every method, 16 rounds: the decay lowers the mean LR while the loss is still "
-        "falling fast); the best decayed peak per run: "
+        "(every method); the best decayed peak per run: "
         + ", ".join(f"{METHODS[k]} n={n} lr {v:g}" for (n, k), v in best.items())
         + "."
         if moved
