@@ -48,7 +48,9 @@ def test_aborting_and_lying_acceptors_fail_only_their_exchange() -> None:
             assert reasons["abort-after-header"] in gone, reasons
             assert reasons["abort-mid-stream"] in gone, reasons
             assert reasons["garbage"] == "rejected:malformed"
-            assert reasons["finish-early"] in ("rejected:truncated", "stream-broken"), reasons
+            # an early clean end lands while we still write under load: "peer-gone"
+            early = ("rejected:truncated", "stream-broken", "peer-gone")
+            assert reasons["finish-early"] in early, reasons
             assert sum(honest.stats.failures.values()) == len(MODES)
             # the token never went on the wire, in any call
             assert not any(TOKEN.encode() in blob for blob in hostile.seen)
