@@ -54,11 +54,13 @@ class Run:
     seed: int | None = None  # None: the grid's
     longer: int = 1  # runs this many times the grid's rounds
     gossip: str = "momentum"  # --gossip (docs/design.md §1: "direct" keeps the mix out of m)
+    schedule: str = "own"  # the inner LR schedule, one of SCHEDULES
+    link: float = 1.0  # every link's bandwidth in units of the grid's normal link
 
     def argv(self, g: Grid, message_bytes: int) -> list[str]:
         """The ``gaslocd simulate`` command line of this run."""
         t = g.inner_steps * STEP_S
-        nominal_mbps = message_bytes * 8 / 1e6 / (FAST_SHARE * t)
+        nominal_mbps = self.link * message_bytes * 8 / 1e6 / (FAST_SHARE * t)
         argv = [
             "simulate", "--workers", str(g.workers), "--rounds", str(g.rounds * self.longer),
             "--inner-steps", str(g.inner_steps), "--step-time", str(STEP_S),
@@ -67,6 +69,10 @@ class Run:
             "--seed", str(g.seed if self.seed is None else self.seed),
             "--topology", "complete" if self.algo == "diloco" else g.topology,
         ]  # fmt: skip
+        if self.schedule == "constant":
+            argv += ["--lr-schedule", "constant"]
+        elif self.schedule == "shared":  # DiLoCo's budget: its rounds of H steps
+            argv += ["--total-steps", str(g.rounds * g.inner_steps)]
         if self.algo == "diloco":
             argv += ["--algo", "diloco"]
         else:
@@ -89,6 +95,15 @@ class Grid:
     seed: int
 
 
+# The inner LR schedule of the scenario runs. "own": simulate's default, a cosine decay over
+# each run's own rounds, so DiLoCo's final loss comes from a schedule GASLoC's 3× longer
+# runs do not share (at this scale a short decayed run ends higher:
+# bench/results/paper_decay.md). The time to DiLoCo's final loss is a fair ratio only when
+# both train on one schedule: "shared" decays every run over DiLoCo's budget (the grid's
+# rounds × H inner steps, the floor after), "constant" does not decay at all.
+SCHEDULES = ("own", "shared", "constant")
+FAIR = ("shared", "constant")
+
 SEQUENTIAL = ("3x", "10x")  # scenarios also run without overlap and codec per link
 SCENARIOS: dict[str, tuple[float, ...]] = {
     "1x": (1.0,),
@@ -104,14 +119,20 @@ SCENARIOS: dict[str, tuple[float, ...]] = {
 EQUAL_SEEDS = (0, 1, 2)
 # With --gossip direct an overlapped round's landing moves θ by the mix alone, not by
 # η(1 + μ) times it: is overlap cheaper there? Each run is compared with its reference.
-EQUAL = {  # name: (overlap, a codec per link, codec, gossip, reference)
-    "sequential-fp16": (False, False, "fp16", "momentum", "sequential-fp16"),
-    "overlap-fp16": (True, False, "fp16", "momentum", "sequential-fp16"),
-    "overlap-adaptive": (True, True, "fp16", "momentum", "sequential-fp16"),
-    "sequential-int8": (False, False, "int8", "momentum", "sequential-fp16"),
-    "sequential-q4": (False, False, "q4", "momentum", "sequential-fp16"),
-    "sequential-direct": (False, False, "fp16", "direct", "sequential-fp16"),
-    "overlap-direct": (True, False, "fp16", "direct", "sequential-direct"),
+# Overlap's cost is the steps a round trains from the eager point before the exchange
+# lands (fp16 on a normal link: 3 of H = 10): the same overlap on a link 100× faster lands
+# after the first step, int8 after 2 and q4 after 1.
+EQUAL = {  # name: (overlap, a codec per link, codec, gossip, link, reference)
+    "sequential-fp16": (False, False, "fp16", "momentum", 1.0, "sequential-fp16"),
+    "overlap-fp16": (True, False, "fp16", "momentum", 1.0, "sequential-fp16"),
+    "overlap-adaptive": (True, True, "fp16", "momentum", 1.0, "sequential-fp16"),
+    "sequential-int8": (False, False, "int8", "momentum", 1.0, "sequential-fp16"),
+    "sequential-q4": (False, False, "q4", "momentum", 1.0, "sequential-fp16"),
+    "sequential-direct": (False, False, "fp16", "direct", 1.0, "sequential-fp16"),
+    "overlap-direct": (True, False, "fp16", "direct", 1.0, "sequential-direct"),
+    "overlap-fp16-fast-link": (True, False, "fp16", "momentum", 100.0, "sequential-fp16"),
+    "overlap-int8": (True, False, "int8", "momentum", 1.0, "sequential-fp16"),
+    "overlap-q4": (True, False, "q4", "momentum", 1.0, "sequential-fp16"),
 }
 
 
@@ -123,11 +144,12 @@ LONGER = 3
 
 def runs() -> list[Run]:
     out = [Run("gasloc-none", "gasloc", longer=LONGER), Run("diloco-none", "diloco")]
-    for name, (overlap, adaptive, codec, gossip, _) in EQUAL.items():
+    for name, (overlap, adaptive, codec, gossip, link, _) in EQUAL.items():
         out += [
-            Run(f"{name}-s{s}", "gasloc", (), overlap, adaptive, codec, False, s, gossip=gossip)
+            Run(f"{name}-s{s}", "gasloc", (), overlap, adaptive, codec, False, s, gossip=gossip,
+                link=link)
             for s in EQUAL_SEEDS
-        ]
+        ]  # fmt: skip
     for tag, slow in SCENARIOS.items():
         out += [
             Run(f"gasloc-{tag}", "gasloc", slow, longer=LONGER),
@@ -136,6 +158,13 @@ def runs() -> list[Run]:
         if tag in SEQUENTIAL:  # what overlap, codecs and sitting out buy
             name = f"gasloc-sequential-{tag}"
             out.append(Run(name, "gasloc", slow, False, False, longer=LONGER))
+    for schedule in FAIR:  # the scenarios again, DiLoCo and GASLoC on one schedule
+        out.append(Run(f"gasloc-none@{schedule}", "gasloc", longer=LONGER, schedule=schedule))
+        for tag, slow in SCENARIOS.items():
+            out += [
+                Run(f"gasloc-{tag}@{schedule}", "gasloc", slow, longer=LONGER, schedule=schedule),
+                Run(f"diloco-{tag}@{schedule}", "diloco", slow, schedule=schedule),
+            ]
     return out
 
 
@@ -213,13 +242,17 @@ def verdict(value: float | None, limit: float, below: bool = True) -> str:
     return "met" if ok else "MISSED"
 
 
-def analyse(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per straggler scenario with the issue's three targets."""
-    rows = []
-    base = results["gasloc-none"]
+def analyse(results: dict[str, dict[str, Any]], schedule: str = "own") -> list[dict[str, Any]]:
+    """One row per straggler scenario with the issue's three targets, of the runs on
+    ``schedule`` (none when they have not run)."""
+    at = "" if schedule == "own" else f"@{schedule}"
+    rows: list[dict[str, Any]] = []
+    base = results.get(f"gasloc-none{at}")
     for tag, slow in SCENARIOS.items():
-        g, d = results[f"gasloc-{tag}"], results[f"diloco-{tag}"]
-        seq = results.get(f"gasloc-sequential-{tag}")
+        g, d = results.get(f"gasloc-{tag}{at}"), results.get(f"diloco-{tag}{at}")
+        if base is None or g is None or d is None:
+            continue
+        seq = results.get(f"gasloc-sequential-{tag}{at}")
         target = d["final_val_loss"]
         t_g, t_d = time_to(curve(g), target), time_to(curve(d), target)
         common = max(g["final_val_loss"], base["final_val_loss"])
@@ -290,30 +323,23 @@ def _commits(meta: dict[str, Any]) -> str:
 # -- report -----------------------------------------------------------------------------------
 
 
-def write_report(results: dict[str, dict[str, Any]], meta: dict[str, Any], out: Path) -> str:
-    rows = analyse(results)
+SCHEDULE_TEXT = {
+    "shared": "DiLoCo and GASLoC on one schedule: every run decays its inner LR over DiLoCo's "
+    "budget (`--total-steps` = the grid's rounds × H; the floor after), so at DiLoCo's last "
+    "round both have decayed alike and GASLoC's further rounds train at the floor.",
+    "constant": "DiLoCo and GASLoC on one schedule: a constant inner LR "
+    "(`--lr-schedule constant`), no decay at all.",
+    "own": "Each run on its own schedule (`simulate`'s default, a decay over the run's own "
+    "rounds): at DiLoCo's last round GASLoC's 3× longer runs are still at a higher LR, and "
+    "at this scale a decay over a short run ends higher (bench/results/paper_decay.md: "
+    "+0.07…+0.12 at 16 rounds), so DiLoCo's final loss here is a target its own schedule "
+    "raised: the time to it is not a fair ratio (kept for the compute shares and the "
+    "sequential twins).",
+}
+
+
+def _scenario_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "# Stragglers whose link cannot carry a model within a round (simulator)",
-        "",
-        f"Command: `{meta['command']}`  ",
-        f"Machine: {meta['machine']}; date: {meta['date']}; gaslocd {meta['version']}; "
-        f"commit {_commits(meta)}.  ",
-        f"Grid: {meta['grid']}. T = H × {STEP_S} s (a fixed simulated step); a normal link "
-        f"moves fp16 θ̃ in {FAST_SHARE:.0%} of T; a straggler's fp16 transfer is the "
-        "scenario's multiple of T. GASLoC: 1-peer gossip, adaptive H, `--overlap`, a codec "
-        "per link (fp16 → int8 → q4), long exchanges and sitting out; its scenario runs "
-        f"(and their sequential twins) run {LONGER}× the grid's rounds, so that their time "
-        "to DiLoCo's final loss can be measured. DiLoCo: the barrier all-reduce every "
-        "round. Times are simulated seconds (the simulator runs the daemon's round, "
-        "gaslocd/sim). Under `--overlap` an evaluation between rounds is of the models "
-        "with the round in flight landed (a copy; the run trains on from the eager point): "
-        "runs made before that change read the eager point, see each run's commit. Every "
-        "run decays its inner LR over its own rounds (`simulate`'s default), so at "
-        "DiLoCo's last round GASLoC's 3× longer runs are still at a higher LR; at this "
-        "scale a decay over a short run ends higher (bench/results/paper_decay.md: "
-        "+0.07…+0.12 at 16 rounds), so DiLoCo's final loss is a target its own schedule "
-        "raised, and GASLoC's time to it is not a fair ratio yet.",
-        "",
         "| scenario | DiLoCo final | GASLoC final | GASLoC time to DiLoCo's final "
         "| ÷ DiLoCo's (≤ 0.6) | without overlap etc. | ÷ no straggler (≤ 1.15) "
         "| non-straggler compute (≥ 90 %) "
@@ -330,6 +356,32 @@ def write_report(results: dict[str, dict[str, Any]], meta: dict[str, Any], out: 
             f"| {_fmt(r['straggler_compute'], '.1%')} "
             f"| {_fmt(r['sequential_others_compute'], '.1%')} |"
         )
+    return lines
+
+
+def write_report(results: dict[str, dict[str, Any]], meta: dict[str, Any], out: Path) -> str:
+    lines = [
+        "# Stragglers whose link cannot carry a model within a round (simulator)",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Machine: {meta['machine']}; date: {meta['date']}; gaslocd {meta['version']}; "
+        f"commit {_commits(meta)}.  ",
+        f"Grid: {meta['grid']}. T = H × {STEP_S} s (a fixed simulated step); a normal link "
+        f"moves fp16 θ̃ in {FAST_SHARE:.0%} of T; a straggler's fp16 transfer is the "
+        "scenario's multiple of T. GASLoC: 1-peer gossip, adaptive H, `--overlap`, a codec "
+        "per link (fp16 → int8 → q4), long exchanges and sitting out; its scenario runs "
+        f"(and their sequential twins) run {LONGER}× the grid's rounds, so that their time "
+        "to DiLoCo's final loss can be measured. DiLoCo: the barrier all-reduce every "
+        "round. Times are simulated seconds (the simulator runs the daemon's round, "
+        "gaslocd/sim). Under `--overlap` an evaluation between rounds is of the models "
+        "with the round in flight landed (a copy; the run trains on from the eager point): "
+        "runs made before that change read the eager point, see each run's commit.",
+    ]
+    for schedule in (*FAIR, "own"):
+        rows = analyse(results, schedule)
+        if rows:
+            lines += ["", f"**{schedule}**: {SCHEDULE_TEXT[schedule]}", ""]
+            lines += _scenario_table(rows)
     lines += [
         "",
         "At equal tokens with no straggler (fixed H, the same steps in every run; final "
@@ -351,33 +403,39 @@ def write_report(results: dict[str, dict[str, Any]], meta: dict[str, Any], out: 
     lines += [f"- {name}: `gaslocd {shlex.join(r['argv'])}`" for name, r in sorted(results.items())]
     text = "\n".join(lines) + "\n"
     (out / "stragglers.md").write_text(text)
-    _plots(results, rows, out)
+    _plots(results, out)
     return text
 
 
-def _plots(results: dict[str, dict[str, Any]], rows: list[dict[str, Any]], out: Path) -> None:
+def _plots(results: dict[str, dict[str, Any]], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(4.5 * len(SCENARIOS), 3.6), sharey=True)
-    for ax, tag in zip(axes, SCENARIOS, strict=True):
-        for name, style in (
-            (f"gasloc-{tag}", "-"),
-            (f"gasloc-sequential-{tag}", ":"),
-            (f"diloco-{tag}", "--"),
-            ("gasloc-none", "-."),
-        ):
-            if name not in results:
-                continue
-            xs, ys = zip(*curve(results[name]), strict=True)
-            ax.plot(xs, ys, style, label=name.replace(f"-{tag}", ""))
-        ax.set_title(f"straggler fp16 transfer {tag} T")
-        ax.set_xlabel("simulated seconds")
-        ax.set_xscale("log")
-    axes[0].set_ylabel("validation loss")
-    axes[0].legend(fontsize=7)
+    schedules = [sc for sc in (*FAIR, "own") if analyse(results, sc)] or ["own"]
+    fig, axes = plt.subplots(
+        len(schedules), len(SCENARIOS), figsize=(4.5 * len(SCENARIOS), 3.4 * len(schedules)),
+        sharey=True, squeeze=False,
+    )  # fmt: skip
+    for row, schedule in zip(axes, schedules, strict=True):
+        at = "" if schedule == "own" else f"@{schedule}"
+        for ax, tag in zip(row, SCENARIOS, strict=True):
+            for name, style in (
+                (f"gasloc-{tag}{at}", "-"),
+                (f"gasloc-sequential-{tag}{at}", ":"),
+                (f"diloco-{tag}{at}", "--"),
+                (f"gasloc-none{at}", "-."),
+            ):
+                if name not in results:
+                    continue
+                xs, ys = zip(*curve(results[name]), strict=True)
+                ax.plot(xs, ys, style, label=name.replace(f"-{tag}", "").removesuffix(at))
+            ax.set_title(f"straggler fp16 {tag} T, LR schedule {schedule}", fontsize=9)
+            ax.set_xlabel("simulated seconds")
+            ax.set_xscale("log")
+        row[0].set_ylabel("validation loss")
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "stragglers_loss.png", dpi=120)
     plt.close(fig)

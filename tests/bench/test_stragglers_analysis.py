@@ -70,6 +70,11 @@ def test_equal_token_runs_fix_h_and_compare_seed_by_seed() -> None:
     )
     assert "--gossip" in runs["overlap-direct-s0"].argv(grid, 500_000)
     assert "--gossip" not in runs["overlap-fp16-s0"].argv(grid, 500_000)
+    fast, normal = (
+        runs[n].argv(grid, 500_000) for n in ("overlap-fp16-fast-link-s0", "overlap-fp16-s0")
+    )
+    rate = [float(a[a.index("--bandwidth") + 1]) for a in (fast, normal)]
+    assert rate[0] == pytest.approx(100 * rate[1], rel=1e-5)  # lands after the first step
     results["overlap-fp16-s1"]["tokens_per_worker"] = 110  # filled steps: no longer equal
     with pytest.raises(ValueError, match="tokens"):
         stragglers.equal_tokens(results)
@@ -87,3 +92,45 @@ def test_a_partial_rerun_names_each_runs_commit() -> None:
     assert longer[longer.index("--rounds") + 1] == str(20 * stragglers.LONGER)
     diloco = runs["diloco-3x"].argv(grid, 500_000)
     assert diloco[diloco.index("--rounds") + 1] == "20"
+
+
+def _summary(final: float, curve: list[tuple[float, float]]) -> dict[str, object]:
+    return {
+        "final_val_loss": final,
+        "val_loss_curve": [{"wall_clock_s": t, "val_loss": v} for t, v in curve],
+        "compute_fraction_per_worker": [0.5, 0.95, 0.97],
+        "bytes_sent_per_worker": [1, 2, 3],
+    }
+
+
+def test_fair_schedules_put_diloco_and_gasloc_on_one_lr_schedule() -> None:
+    """The time to DiLoCo's final loss compares runs on one schedule: each fair scenario
+    pair shares it (DiLoCo's budget of inner steps, or a constant LR), and the table of a
+    schedule reads only that schedule's runs."""
+    grid = stragglers.Grid(
+        workers=6, rounds=20, inner_steps=10, eval_every=4, topology="1peer", seed=0
+    )
+    runs = {r.name: r for r in stragglers.runs()}
+    for tag in stragglers.SCENARIOS:
+        own = runs[f"gasloc-{tag}"].argv(grid, 500_000)
+        assert "--lr-schedule" not in own and "--total-steps" not in own
+        for algo in ("gasloc", "diloco"):
+            shared = runs[f"{algo}-{tag}@shared"].argv(grid, 500_000)
+            assert shared[shared.index("--total-steps") + 1] == "200"
+            constant = runs[f"{algo}-{tag}@constant"].argv(grid, 500_000)
+            assert constant[constant.index("--lr-schedule") + 1] == "constant"
+            assert "--total-steps" not in constant
+    results = {}
+    for tag in stragglers.SCENARIOS:  # own: DiLoCo 3.0 reached at 40 s; constant: 2.0 at 20 s
+        results[f"diloco-{tag}"] = _summary(3.0, [(10.0, 3.5), (40.0, 3.0)])
+        results[f"gasloc-{tag}"] = _summary(2.5, [(10.0, 3.0), (30.0, 2.5)])
+        results[f"diloco-{tag}@constant"] = _summary(2.0, [(10.0, 2.5), (20.0, 2.0)])
+        results[f"gasloc-{tag}@constant"] = _summary(1.9, [(10.0, 2.0), (30.0, 1.9)])
+    results["gasloc-none"] = _summary(2.5, [(10.0, 3.0), (30.0, 2.5)])
+    results["gasloc-none@constant"] = _summary(1.9, [(10.0, 2.0), (20.0, 1.9)])
+    own = stragglers.analyse(results, "own")
+    constant = stragglers.analyse(results, "constant")
+    assert [r["vs_diloco"] for r in own] == pytest.approx([10.0 / 40.0] * 4)
+    assert [r["vs_diloco"] for r in constant] == pytest.approx([10.0 / 20.0] * 4)
+    assert [r["vs_no_straggler"] for r in constant] == pytest.approx([30.0 / 20.0] * 4)
+    assert stragglers.analyse(results, "shared") == []  # not run: no table
