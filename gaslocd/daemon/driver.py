@@ -68,7 +68,7 @@ class RoundDriver:
         rt = self.rt
         acct = TimeAccount()
         began = self.mark  # the previous round's end: rounds tile the wall-clock
-        records = await self.membership.roster()
+        records = await self.membership.round_roster()
         rt.policy.observe_roster(rt.clock(), records)
         t = self._catch_up(rt.state.round, records)
         rt.server.board.at(t)  # callers count rounds ahead from ours, offer or not
@@ -141,6 +141,11 @@ class RoundDriver:
             await rt.thread.call(rt.state.begin_round)
         self._begun = False
         steps = setup.inner_steps
+        step_s = rt.links.step_time_s
+        if step_s and isinstance(self.mixer, GossipMixer):
+            # the next round's roster, read while these steps run; not before an
+            # all-reduce, which outlasts a fresh read and would only double the reads
+            self.membership.prefetch.schedule(steps * step_s)
         losses = await self._timed(acct, "train", self._train(steps, landing=self.overlapped))
         early, before = None, len(losses)
         if self.overlapped and before < steps:  # the exchange in flight is over

@@ -12,11 +12,13 @@ import contextlib
 import logging
 import random
 import statistics
+from collections.abc import Awaitable
 
 import grpc
 
 from gaslocd import __version__
 from gaslocd.algorithm.robust import distance, norm_of
+from gaslocd.daemon.prefetch import RosterPrefetch
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.net.discovery import DiscoveryError
 from gaslocd.net.state import PeerState
@@ -56,13 +58,29 @@ STATE_BUSY_RETRIES = 5
 class Membership:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        self.prefetch = RosterPrefetch(
+            lambda: rt.discovery.roster(rt.state.fingerprint),
+            rt.clock,
+            rt.cfg.heartbeat_s,
+            rt.spawn,
+        )
+        rt.telemetry.metrics.roster_reads = self.prefetch.counts
 
     # -- the roster ----------------------------------------------------------------------
 
     async def roster(self) -> list[PeerRecord]:
         """This model's fresh records; empty (train alone this round) if the DHT fails."""
+        return await self._or_alone(self.rt.discovery.roster(self.rt.state.fingerprint))
+
+    async def round_roster(self) -> list[PeerRecord]:
+        """The roster a round starts from: read during the last round's steps when that
+        read is still fresh (:mod:`gaslocd.daemon.prefetch`), else now."""
+        return await self._or_alone(self.prefetch.get())
+
+    @staticmethod
+    async def _or_alone(read: Awaitable[list[PeerRecord]]) -> list[PeerRecord]:
         try:
-            return await self.rt.discovery.roster(self.rt.state.fingerprint)
+            return await read
         except DiscoveryError as exc:
             log.warning("roster unavailable this round, training alone: %s", exc)
             return []

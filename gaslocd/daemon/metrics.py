@@ -39,6 +39,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from gaslocd import __version__
+from gaslocd.daemon.prefetch import ROSTER_SOURCES
 from gaslocd.net.auth import REFUSAL_REASONS
 from gaslocd.net.validation import WireStats
 from gaslocd.protocol.account import ACTIVITIES
@@ -134,7 +135,23 @@ class _WireCollector(Collector):
         rounds.add_metric([], t.rounds)
         yield _refused_family(s)
         yield from (sent, received, ok, failures, rejected, idle, time_spent, tokens, rounds)
+        yield _roster_family(t)
         yield from _robust_families(t)
+
+
+def _roster_family(t: DaemonMetrics) -> Metric:
+    """Where each round's roster came from (gaslocd.daemon.prefetch): read during the
+    last round's steps, or at the round's start (a read the round waited for); and the
+    prefetches thrown away, too old by then or failed."""
+    reads = CounterMetricFamily(
+        "gasloc_roster_reads",
+        "DHT roster reads by source: prefetched (a round took it without waiting), "
+        "at_round_start (the round waited for it), stale or failed (prefetches dropped)",
+        labels=["source"],
+    )
+    for source, n in _bounded(t.roster_reads().items(), ROSTER_SOURCES).items():
+        reads.add_metric([source], n)
+    return reads
 
 
 def _robust_families(t: DaemonMetrics) -> Iterator[Metric]:
@@ -195,6 +212,7 @@ class DaemonMetrics:
         # Idle time is counted once, in the run log; the scrape reads it from there.
         self.idle_total: Callable[[], float] = lambda: 0.0
         self.time_account: Callable[[], Mapping[str, float]] = dict
+        self.roster_reads: Callable[[], Mapping[str, int]] = dict  # RosterPrefetch.counts
         self.tokens = 0
         self.rounds = 0
         self.extra_failures: dict[str, int] = {}

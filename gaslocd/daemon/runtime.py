@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gaslocd.config import AlgoConfig, DaemonConfig, TrainConfig, WireConfig
 from gaslocd.daemon.telemetry import Telemetry
@@ -23,6 +23,8 @@ from gaslocd.net.server import ExchangeServer
 from gaslocd.protocol.plan import LinkEstimates
 from gaslocd.protocol.policy import RoundPolicy
 from gaslocd.train.worker import Worker
+
+_T = TypeVar("_T")
 
 
 def call_auth(run_id: str, token: str, discovery: Discovery) -> CallAuth:
@@ -69,8 +71,9 @@ class Runtime:
     clock: Callable[[], float] = monotonic
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
         """Run ``coro`` in the background; the lifecycle cancels what is left at exit."""
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task

@@ -30,11 +30,12 @@ def test_a_late_partner_shows_up_as_waiting_and_the_account_sums_to_the_wall_clo
     # The quick peer takes 4 steps a round without adapting; its partner 24: the quick
     # one must wait most of each round, and its account has to say so.
     common = ["--min-peers", "2", "--max-rounds", "14", "--no-adapt-h"]
+    metrics = ["--metrics-port", "0"]
     quick, address = start_first(
         tmp_path, reaper, *common, "--metrics-port", "0", "--json", str(tmp_path / "q.json")
     )
     slow = Daemon(
-        ["join", *FAST_FLAGS, "--bootstrap", address, *common, "--inner-steps", "24"],
+        ["join", *FAST_FLAGS, "--bootstrap", address, *common, "--inner-steps", "24", *metrics],
         reaper,
         "slow",
     )
@@ -59,6 +60,16 @@ def test_a_late_partner_shows_up_as_waiting_and_the_account_sums_to_the_wall_clo
     )
     assert status.returncode == 0, status.stderr
     assert 0 < float(json.loads(status.stdout)["training_share"]) < 0.5
+    # The slow peer's rounds end with its steps (its partner is ready by then): each
+    # next roster was read while those steps ran, and no round start waited for it.
+    slow.wait_for(r"round\s+6\s", 180)
+    slow_port = slow.find(r"metrics :(\d+)").group(1)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{slow_port}/metrics", timeout=10).read()
+    reads = {
+        s: _metric(text.decode(), "gasloc_roster_reads_total", f'{{source="{s}"}}')
+        for s in ("prefetched", "at_round_start", "stale", "failed")
+    }
+    assert reads["prefetched"] >= 3 and reads["failed"] == 0, reads
     assert quick.finish(180) == 0 and slow.finish(120) == 0, quick.output()
     summary = json.loads((tmp_path / "q.json").read_text())
     rounds = summary["rounds"]

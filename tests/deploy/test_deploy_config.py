@@ -44,6 +44,7 @@ DESIGN_METRICS = {
     "gasloc_exchange_seconds": "histogram",
     "gasloc_idle_seconds": "counter",  # wall-clock not spent training
     "gasloc_time_seconds": "counter",  # the time account, label `activity`
+    "gasloc_roster_reads": "counter",  # prefetched or waited for, label `source`
     "gasloc_bytes_sent": "counter",
     "gasloc_bytes_received": "counter",
     "gasloc_link_bandwidth_bytes_per_second": "gauge",
@@ -84,7 +85,9 @@ def test_design_metrics_are_exported_with_their_types_and_no_peer_labels() -> No
         if family.name.startswith("gasloc_") and family.name != "gasloc_build":
             for sample in family.samples:
                 # bounded vocabularies only: never a peer id
-                assert set(sample.labels) <= {"reason", "le", "activity", "codec", "outcome"}, (
+                assert set(sample.labels) <= {
+                    *("reason", "le", "activity", "codec", "outcome", "source")
+                }, (
                     family.name,
                     sample.labels,
                 )

@@ -1,0 +1,128 @@
+"""The next round's roster, read while this round's steps still run.
+
+Every round starts from a DHT read of the roster, and hivemind's ``get(latest=True)``
+asks every node of its beam and waits for the slowest answer. A peer whose uplink is
+full with a long exchange answers late (its DHT replies queue behind θ̃'s bytes), so
+every other peer's round waited for it: 24–29% of the fast hosts' wall-clock with a
+straggler at 3× the round time (bench/results/network_stragglers.md, 2026-12-03).
+Starting the read so that it ends about when the round's planned steps end hides it
+behind compute, whoever is slow to answer.
+
+A prefetched roster is used only when its read began at most ``max_age_s`` before the
+round starts (one heartbeat: records are refreshed that often, so a younger read is as
+current as the records can be). The rules built on the roster tolerate that age by
+design: newcomers and sit-outs are announced rounds ahead (``active_from``,
+``free_from``), a peer's round seen a little old makes pacing re-read, and peers start
+their rounds at different times anyway. Anything else (no prefetch scheduled, its read
+not begun, too old, failed) falls back to reading now, as without a prefetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from gaslocd.protocol.records import PeerRecord
+
+log = logging.getLogger(__name__)
+ROSTER_SOURCES = ("prefetched", "at_round_start", "stale", "failed")
+Records = list[PeerRecord]
+Spawn = Callable[[Coroutine[Any, Any, Records]], "asyncio.Task[Records]"]
+
+READ_MARGIN = 2.0  # start the read this many (smoothed) read times before the steps end
+READ_SLACK_S = 0.05  # and this much earlier still, for the scheduling's own jitter
+SMOOTHING = 0.3  # weight of the newest read time in the running estimate
+
+
+def read_delay(steps_s: float, read_s: float) -> float:
+    """How long after the steps begin to start a read of ``read_s`` so that it ends with
+    them, with room for a read slower than usual."""
+    return max(0.0, steps_s - READ_MARGIN * read_s - READ_SLACK_S)
+
+
+class RosterPrefetch:
+    """One prefetched roster read at a time; :meth:`get` hands out a fresh roster."""
+
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[list[PeerRecord]]],
+        clock: Callable[[], float],
+        max_age_s: float,
+        spawn: Spawn = asyncio.ensure_future,
+    ) -> None:
+        """``spawn`` starts the prefetch task (the daemon's: cancelled at exit)."""
+        self._read, self._clock, self._max_age_s = read, clock, max_age_s
+        self._spawn = spawn
+        self._task: asyncio.Task[list[PeerRecord]] | None = None
+        self._reading_since: float | None = None  # when the prefetch's read began
+        self.read_s: float | None = None  # smoothed duration of a roster read
+        self.used = self.stale = self.failed = 0  # prefetches taken, too old, failed
+        self.at_start = 0  # reads a round start waited for
+
+    async def _timed(self) -> list[PeerRecord]:
+        began = self._clock()
+        records = await self._read()
+        took = self._clock() - began
+        self.read_s = (
+            took if self.read_s is None else (SMOOTHING * took + (1 - SMOOTHING) * self.read_s)
+        )
+        return records
+
+    async def _after(self, delay_s: float) -> list[PeerRecord]:
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)  # a schedule, not a wait on anything
+        self._reading_since = self._clock()
+        return await self._timed()
+
+    def schedule(self, steps_s: float) -> None:
+        """The round's steps take about ``steps_s`` from now: start the next read so that
+        it ends with them. Before the first read is timed there is nothing to hide."""
+        self.cancel()
+        if self.read_s is None or steps_s <= 0:
+            return
+        self._reading_since = None
+        self._task = self._spawn(self._after(read_delay(steps_s, self.read_s)))
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def get(self) -> list[PeerRecord]:
+        """The roster for the round starting now: the prefetch's, when fresh, else read.
+
+        Raises what the read raises (the caller decides what a failed read means)."""
+        task, self._task = self._task, None
+        since = self._reading_since
+        if task is not None and since is not None and self._clock() - since <= self._max_age_s:
+            try:
+                records = await task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # we are cancelled, not just the prefetch
+            except Exception as exc:  # the DHT's own errors: read again, now
+                self.failed += 1
+                log.debug("prefetched roster read failed (%s); reading now", exc)
+            else:
+                self.used += 1
+                return records
+        elif task is not None:
+            self.stale += since is not None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.at_start += 1
+        return await self._timed()
+
+    def counts(self) -> dict[str, int]:
+        """By source, as ``gasloc_roster_reads_total`` exports them."""
+        return {
+            "prefetched": self.used,
+            "at_round_start": self.at_start,
+            "stale": self.stale,
+            "failed": self.failed,
+        }

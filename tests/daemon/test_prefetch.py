@@ -1,0 +1,167 @@
+"""The next round's roster read during this round's steps (gaslocd.daemon.prefetch).
+
+Driven with a fake clock and reads that the test releases: what is checked is which
+read a round gets (the prefetched one only while fresh) and how many DHT reads it cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from gaslocd.daemon.prefetch import READ_MARGIN, READ_SLACK_S, RosterPrefetch, read_delay
+from gaslocd.net.discovery import DiscoveryError
+from gaslocd.protocol.records import PeerRecord
+
+MAX_AGE_S = 3.0
+WAIT_S = 5.0  # bound on every wait in these tests
+
+
+def _record(peer: str, round_: int = 0) -> PeerRecord:
+    return PeerRecord(
+        peer_id=peer,
+        address="127.0.0.1:1",
+        fingerprint="f",
+        round=round_,
+        inner_steps=10,
+        step_time_s=0.1,
+        bandwidth_bytes_per_s=1e6,
+        version="0",
+    )
+
+
+class Reads:
+    """A DHT stand-in: each read returns the next answer (or raises it), taking
+    ``took`` seconds of the fake clock, and may be held until the test releases it."""
+
+    def __init__(self, *answers: list[PeerRecord] | Exception, took: float = 0.4) -> None:
+        self.answers, self.took, self.now, self.count = list(answers), took, 0.0, 0
+        self.gate: asyncio.Event | None = None
+        self.started = asyncio.Event()
+
+    def clock(self) -> float:
+        return self.now
+
+    async def __call__(self) -> list[PeerRecord]:
+        self.count += 1
+        self.started.set()
+        if self.gate is not None:
+            await asyncio.wait_for(self.gate.wait(), WAIT_S)
+        self.now += self.took
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    """A test on its own event loop (the project has no asyncio test plugin)."""
+
+    @functools.wraps(test)
+    def sync() -> None:
+        asyncio.run(asyncio.wait_for(test(), WAIT_S * 2))
+
+    return sync
+
+
+def _prefetch(reads: Reads) -> RosterPrefetch:
+    return RosterPrefetch(reads, reads.clock, MAX_AGE_S)
+
+
+def test_delay_ends_the_read_with_the_steps() -> None:
+    assert read_delay(10.0, 0.5) == pytest.approx(10.0 - READ_MARGIN * 0.5 - READ_SLACK_S)
+    assert read_delay(0.5, 2.0) == 0.0  # a read longer than the steps starts at once
+
+
+@run
+async def test_fresh_prefetch_is_used_and_costs_no_read_at_the_round_start() -> None:
+    first, second = [_record("a")], [_record("a", 1), _record("b", 1)]
+    reads = Reads(first, second)
+    p = _prefetch(reads)
+    assert await p.get() == first  # nothing to hide yet: read now, and time it
+    assert p.read_s == pytest.approx(0.4)
+    p.schedule(0.5)  # steps shorter than a read: the read starts at once
+    await asyncio.wait_for(reads.started.wait(), WAIT_S)
+    reads.now += 0.5  # the steps end
+    assert await p.get() == second
+    assert (reads.count, p.used, p.stale) == (2, 1, 0)
+    assert p.counts() == {"prefetched": 1, "at_round_start": 1, "stale": 0, "failed": 0}
+
+
+@run
+async def test_prefetch_older_than_a_heartbeat_is_read_again() -> None:
+    old, new = [_record("a", 3)], [_record("a", 5), _record("b", 5)]
+    reads = Reads([_record("a")], old, new)
+    p = _prefetch(reads)
+    await p.get()
+    p.schedule(0.1)
+    await asyncio.wait_for(reads.started.wait(), WAIT_S)
+    reads.now += MAX_AGE_S + 1.0  # a pacing wait, say, kept the round from starting
+    assert await p.get() == new
+    assert (reads.count, p.used, p.stale) == (3, 0, 1)
+
+
+@run
+async def test_read_in_flight_at_the_round_start_is_awaited_not_repeated() -> None:
+    reads = Reads([_record("a")], [_record("a", 1)])
+    p = _prefetch(reads)
+    await p.get()
+    reads.gate = asyncio.Event()
+    reads.started.clear()
+    p.schedule(0.1)
+    await asyncio.wait_for(reads.started.wait(), WAIT_S)
+    round_start = asyncio.ensure_future(p.get())
+    await asyncio.sleep(0)  # let get() reach the await; nothing depends on its timing
+    assert not round_start.done()
+    reads.gate.set()
+    assert await asyncio.wait_for(round_start, WAIT_S) == [_record("a", 1)]
+    assert (reads.count, p.used) == (2, 1)
+
+
+@run
+async def test_failed_prefetch_reads_again_and_a_failed_read_reaches_the_caller() -> None:
+    reads = Reads([_record("a")], DiscoveryError("DHT get timed out"), [_record("a", 2)])
+    p = _prefetch(reads)
+    await p.get()
+    p.schedule(0.1)
+    await asyncio.wait_for(reads.started.wait(), WAIT_S)
+    assert await p.get() == [_record("a", 2)]
+    assert (reads.count, p.failed, p.used) == (3, 1, 0)
+    reads.answers.append(DiscoveryError("DHT get timed out"))
+    with pytest.raises(DiscoveryError):  # the caller decides (the daemon trains alone)
+        await p.get()
+
+
+@run
+async def test_prefetch_not_begun_is_cancelled_and_the_round_reads_now() -> None:
+    reads = Reads([_record("a")], [_record("a", 1)])
+    p = _prefetch(reads)
+    await p.get()
+    p.schedule(3600.0)  # the steps were expected to take an hour; the round ended early
+    assert await p.get() == [_record("a", 1)]
+    await asyncio.sleep(0)  # the cancelled prefetch gets its turn to run, and must not read
+    assert (reads.count, p.used, p.stale) == (2, 0, 0)
+
+
+@run
+async def test_cancel_leaves_nothing_running() -> None:
+    reads = Reads([_record("a")])
+    p = _prefetch(reads)
+    await p.get()
+    tasks: list[asyncio.Task[list[PeerRecord]]] = []
+
+    def spawn(coro):  # type: ignore[no-untyped-def]
+        tasks.append(asyncio.ensure_future(coro))
+        return tasks[-1]
+
+    p = RosterPrefetch(reads, reads.clock, MAX_AGE_S, spawn)
+    p.read_s = 0.4
+    p.schedule(3600.0)
+    p.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(t.cancelled() for t in tasks) and len(tasks) == 1
+    assert reads.count == 1
