@@ -343,6 +343,7 @@ def run_one(
                 "sit_outs": sit_outs(log),
                 "codecs": counter_delta(before, after, "gasloc_exchanges_by_codec_total"),
                 "long": counter_delta(before, after, "gasloc_long_exchanges_total"),
+                "roster_reads": counter_delta(before, after, "gasloc_roster_reads_total"),
                 "metrics_read": before is not None and after is not None,
                 "exchanged": sum(r["exchanged"] for r in inside),
                 "partners": sum(r["partners"] for r in inside),
@@ -562,12 +563,14 @@ def _host_table(runs: list[dict[str, Any]]) -> list[str]:
     lines = [
         "Per host (stragglers marked with their multiple of T): time by activity as a share "
         "of the accounted wall-clock, mean H, codecs, long exchanges, announced sit-outs "
-        "(round → until), exchanges done / planned:",
+        "(round → until), exchanges done / planned, roster reads a round took prefetched / "
+        "waited for at its start (`gasloc_roster_reads_total`; — before it existed):",
         "",
         "| run | host | training | "
         + " | ".join(ACTIVITIES)
-        + " | H | codecs sent | long landed/failed | sit-outs | exchanged | MiB sent/recv |",
-        "| --- | --- |" + " ---: |" * (len(ACTIVITIES) + 1) + " --- |" * 6,
+        + " | H | codecs sent | long landed/failed | sit-outs | exchanged | MiB sent/recv "
+        "| rosters prefetched/waited |",
+        "| --- | --- |" + " ---: |" * (len(ACTIVITIES) + 1) + " --- |" * 7,
     ]
     for r in runs:
         for h in r["hosts"]:
@@ -580,13 +583,17 @@ def _host_table(runs: list[dict[str, Any]]) -> list[str]:
                 or "—"
             )
             long = h.get("long", {})
+            reads = h.get("roster_reads", {})
+            rosters = (
+                f"{reads.get('prefetched', 0)}/{reads.get('at_round_start', 0)}" if reads else "—"
+            )
             lines.append(
                 f"| {r['scenario']} | {h['host']}{mark} | {training_share(h):.1%} | "
                 + " | ".join(f"{shares.get(a, 0.0):.1%}" for a in ACTIVITIES)
                 + f" | {h['mean_h']:.0f} | {_codec_text([h])} "
                 f"| {long.get('landed', 0)}/{long.get('failed', 0)} | {sits} "
                 f"| {h.get('exchanged', 0)}/{h.get('partners', 0)} "
-                f"| {_mib(h['sent_bytes'])}/{_mib(h['received_bytes'])} |"
+                f"| {_mib(h['sent_bytes'])}/{_mib(h['received_bytes'])} | {rosters} |"
             )
     return lines
 
