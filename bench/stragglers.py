@@ -412,6 +412,7 @@ def _plots(results: dict[str, dict[str, Any]], out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     schedules = [sc for sc in (*FAIR, "own") if analyse(results, sc)] or ["own"]
     fig, axes = plt.subplots(
@@ -421,21 +422,23 @@ def _plots(results: dict[str, dict[str, Any]], out: Path) -> None:
     for row, schedule in zip(axes, schedules, strict=True):
         at = "" if schedule == "own" else f"@{schedule}"
         for ax, tag in zip(row, SCENARIOS, strict=True):
-            for name, style in (
-                (f"gasloc-{tag}{at}", "-"),
-                (f"gasloc-sequential-{tag}{at}", ":"),
-                (f"diloco-{tag}{at}", "--"),
-                (f"gasloc-none{at}", "-."),
-            ):
+            for name, style, color in (
+                (f"gasloc-{tag}{at}", "-", "C0"),
+                (f"gasloc-sequential-{tag}{at}", ":", "C3"),
+                (f"diloco-{tag}{at}", "--", "C1"),
+                (f"gasloc-none{at}", "-.", "C2"),
+            ):  # one colour per kind of run in every panel
                 if name not in results:
                     continue
                 xs, ys = zip(*curve(results[name]), strict=True)
-                ax.plot(xs, ys, style, label=name.replace(f"-{tag}", "").removesuffix(at))
+                label = name.replace(f"-{tag}", "").removesuffix(at)
+                ax.plot(xs, ys, style, color=color, label=label)
             ax.set_title(f"straggler fp16 {tag} T, LR schedule {schedule}", fontsize=9)
             ax.set_xlabel("simulated seconds")
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: no overprinting
+            ax.legend(fontsize=6)
         row[0].set_ylabel("validation loss")
-    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "stragglers_loss.png", dpi=120)
     plt.close(fig)
