@@ -232,7 +232,10 @@ class Membership:
                 return await self._fetch_state_once(others)
             except StateBusy as exc:
                 # Newcomers starting together (a compose fleet) queue at a peer's
-                # GetState limit: wait a little, not fail the start.
+                # GetState limit: wait a little, not fail the start. Not when asked to
+                # stop: each try can take minutes (a daemon kept fetching past its exit).
+                if self.rt.stopping:
+                    raise
                 log.warning("fetching the run's state again: %s", exc)
                 await asyncio.sleep(random.uniform(1.0, 2.0) * (attempt + 1))
         return await self._fetch_state_once(others)
@@ -330,7 +333,7 @@ class Membership:
         our AdamW state and data position: how a peer comes back after a partition (once
         its θ is further from its partners' than their norm bound, gossip cannot)."""
         others = resync_sources(records, self.rt.me)
-        if not others:
+        if not others or self.rt.stopping:  # leaving: keep our θ for the checkpoint
             return
         try:
             round_ = await self.fetch_state(others)

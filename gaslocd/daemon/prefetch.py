@@ -10,17 +10,19 @@ behind compute, whoever is slow to answer.
 
 A prefetched roster is used only when its read began at most ``max_age_s`` before the
 round starts (one heartbeat: records are refreshed that often, so a younger read is as
-current as the records can be). The rules built on the roster tolerate that age by
+current as the records can be); while the round has not started, the read is repeated
+before the last one gets that old (a fill or a late partner can make a round outlast a
+heartbeat), one read at a time. The rules built on the roster tolerate that age by
 design: newcomers and sit-outs are announced rounds ahead (``active_from``,
 ``free_from``), a peer's round seen a little old makes pacing re-read, and peers start
-their rounds at different times anyway. Anything else (no prefetch scheduled, its read
-not begun, too old, failed) falls back to reading now, as without a prefetch.
+their rounds at different times anyway. A read in flight at the round start is waited
+for; anything else (no prefetch scheduled, its read not begun, too old, failed) falls
+back to reading now, as without a prefetch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -30,11 +32,17 @@ from gaslocd.protocol.records import PeerRecord
 log = logging.getLogger(__name__)
 ROSTER_SOURCES = ("prefetched", "at_round_start", "stale", "failed")
 Records = list[PeerRecord]
-Spawn = Callable[[Coroutine[Any, Any, Records]], "asyncio.Task[Records]"]
+Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 READ_MARGIN = 2.0  # start the read this many (smoothed) read times before the steps end
 READ_SLACK_S = 0.05  # and this much earlier still, for the scheduling's own jitter
 SMOOTHING = 0.3  # weight of the newest read time in the running estimate
+
+
+def refresh_after(max_age_s: float, read_s: float) -> float:
+    """How long after a read ends to start the next, so that a read younger than
+    ``max_age_s`` is at hand whenever the round starts (never back to back)."""
+    return max(max_age_s / 2, max_age_s - READ_MARGIN * read_s - READ_SLACK_S - read_s)
 
 
 def read_delay(steps_s: float, read_s: float) -> float:
@@ -56,8 +64,10 @@ class RosterPrefetch:
         """``spawn`` starts the prefetch task (the daemon's: cancelled at exit)."""
         self._read, self._clock, self._max_age_s = read, clock, max_age_s
         self._spawn = spawn
-        self._task: asyncio.Task[list[PeerRecord]] | None = None
-        self._reading_since: float | None = None  # when the prefetch's read began
+        self._task: asyncio.Task[None] | None = None
+        self._reading_since: float | None = None  # when the read in flight began
+        self._read_done = asyncio.Event()  # set when that read ends
+        self._latest: tuple[float, Records] | None = None  # (when it began, the roster)
         self.read_s: float | None = None  # smoothed duration of a roster read
         self.used = self.stale = self.failed = 0  # prefetches taken, too old, failed
         self.at_start = 0  # reads a round start waited for
@@ -71,11 +81,28 @@ class RosterPrefetch:
         )
         return records
 
-    async def _after(self, delay_s: float) -> list[PeerRecord]:
+    async def _keep_fresh(self, delay_s: float) -> None:
+        """Read when the steps are about to end, then again whenever the last read is
+        about to be too old, until a round takes one (a fill or a late partner can make
+        the round outlast a heartbeat); one read at a time."""
         if delay_s > 0:
             await asyncio.sleep(delay_s)  # a schedule, not a wait on anything
-        self._reading_since = self._clock()
-        return await self._timed()
+        while True:
+            began = self._clock()
+            self._reading_since, self._read_done = began, asyncio.Event()
+            try:
+                records = await self._timed()
+            except Exception as exc:  # the DHT's own errors: the round reads for itself
+                self.failed += 1
+                log.debug("prefetched roster read failed (%s)", exc)
+                return
+            else:
+                self._latest = (began, records)
+            finally:
+                self._reading_since = None
+                self._read_done.set()
+            assert self.read_s is not None
+            await asyncio.sleep(refresh_after(self._max_age_s, self.read_s))
 
     def schedule(self, steps_s: float) -> None:
         """The round's steps take about ``steps_s`` from now: start the next read so that
@@ -83,40 +110,46 @@ class RosterPrefetch:
         self.cancel()
         if self.read_s is None or steps_s <= 0:
             return
-        self._reading_since = None
-        self._task = self._spawn(self._after(read_delay(steps_s, self.read_s)))
+        self._task = self._spawn(self._keep_fresh(read_delay(steps_s, self.read_s)))
 
     def cancel(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        self._stop(self._task)
 
-    async def get(self) -> list[PeerRecord]:
+    def _fresh(self) -> Records | None:
+        latest = self._latest
+        if latest is not None and self._clock() - latest[0] <= self._max_age_s:
+            return latest[1]
+        return None
+
+    async def get(self) -> Records:
         """The roster for the round starting now: the prefetch's, when fresh, else read.
 
         Raises what the read raises (the caller decides what a failed read means)."""
-        task, self._task = self._task, None
+        task = self._task
+        records = self._fresh()
         since = self._reading_since
-        if task is not None and since is not None and self._clock() - since <= self._max_age_s:
+        in_flight = since is not None and self._clock() - since <= self._max_age_s
+        if task is not None and records is None and in_flight:  # take the read in flight
+            done = asyncio.ensure_future(self._read_done.wait())
             try:
-                records = await task
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # we are cancelled, not just the prefetch
-            except Exception as exc:  # the DHT's own errors: read again, now
-                self.failed += 1
-                log.debug("prefetched roster read failed (%s); reading now", exc)
-            else:
-                self.used += 1
-                return records
-        elif task is not None:
-            self.stale += since is not None
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                await asyncio.wait({task, done}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                done.cancel()
+            records = self._fresh()
+        stale = records is None and self._latest is not None
+        self._stop(task)
+        if records is not None:
+            self.used += 1
+            return records
+        self.stale += stale
         self.at_start += 1
         return await self._timed()
+
+    def _stop(self, task: asyncio.Task[None] | None) -> None:
+        self._task = None
+        self._latest, self._reading_since = None, None
+        if task is not None:
+            task.cancel()
 
     def counts(self) -> dict[str, int]:
         """By source, as ``gasloc_roster_reads_total`` exports them."""

@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from gaslocd.daemon.prefetch import READ_MARGIN, READ_SLACK_S, RosterPrefetch, read_delay
+from gaslocd.daemon.prefetch import (
+    READ_MARGIN,
+    READ_SLACK_S,
+    RosterPrefetch,
+    read_delay,
+    refresh_after,
+)
 from gaslocd.net.discovery import DiscoveryError
 from gaslocd.protocol.records import PeerRecord
 
@@ -42,6 +48,7 @@ class Reads:
         self.answers, self.took, self.now, self.count = list(answers), took, 0.0, 0
         self.gate: asyncio.Event | None = None
         self.started = asyncio.Event()
+        self.third = asyncio.Event()  # set when the third read begins
 
     def clock(self) -> float:
         return self.now
@@ -49,6 +56,8 @@ class Reads:
     async def __call__(self) -> list[PeerRecord]:
         self.count += 1
         self.started.set()
+        if self.count == 3:
+            self.third.set()
         if self.gate is not None:
             await asyncio.wait_for(self.gate.wait(), WAIT_S)
         self.now += self.took
@@ -103,6 +112,25 @@ async def test_prefetch_older_than_a_heartbeat_is_read_again() -> None:
     reads.now += MAX_AGE_S + 1.0  # a pacing wait, say, kept the round from starting
     assert await p.get() == new
     assert (reads.count, p.used, p.stale) == (3, 0, 1)
+
+
+@run
+async def test_a_round_that_outlasts_a_heartbeat_gets_a_refreshed_prefetch() -> None:
+    first, old, new = [_record("a")], [_record("a", 1)], [_record("a", 2), _record("b", 2)]
+    reads = Reads(first, old, new, took=0.0)
+    p = RosterPrefetch(reads, reads.clock, 0.2)  # a short heartbeat: refreshes come soon
+    await p.get()
+    p.schedule(0.01)
+    await asyncio.wait_for(reads.started.wait(), WAIT_S)
+    reads.now += 0.5  # a long fill: the prefetched roster is too old by now ...
+    await asyncio.wait_for(reads.third.wait(), WAIT_S)  # ... and has been read again
+    assert await p.get() == new
+    assert p.counts() == {"prefetched": 1, "at_round_start": 1, "stale": 0, "failed": 0}
+
+
+def test_refresh_never_reads_back_to_back() -> None:
+    assert refresh_after(3.0, 0.2) == pytest.approx(3.0 - READ_MARGIN * 0.2 - READ_SLACK_S - 0.2)
+    assert refresh_after(3.0, 5.0) == 1.5  # reads slower than a heartbeat: every half of one
 
 
 @run

@@ -1,11 +1,17 @@
 """The stop budget (daemon/signals.py), driven by a fake clock: how long a stopping
-daemon may wait for its round's exchange, and how long its final checkpoint may take."""
+daemon may wait for its round's exchange, and how long its final checkpoint may take;
+and that a stopping daemon starts no state fetch that could outlast it."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 
+from gaslocd.daemon.membership import Membership, StateBusy
 from gaslocd.daemon.signals import AFTER_CHECKPOINT_S, MIN_CHECKPOINT_S, StopBudget
+from tests.protocol.records import record
 
 
 def test_the_exchange_is_cut_to_leave_the_checkpoint_its_measured_time() -> None:
@@ -35,3 +41,37 @@ def test_a_deadline_the_budget_cannot_wait_out_is_named_at_start_up() -> None:
     why = budget.too_short(120.0)
     assert why is not None and "120 s" in why and "--stop-timeout 60 s" in why
     assert "give the daemon 133 s" in why
+
+
+def _membership(stopping: bool) -> tuple[Membership, list[object]]:
+    """A Membership over a stand-in runtime (only what resync touches), whose state
+    fetches are refused as busy and recorded."""
+    rt = SimpleNamespace(
+        stopping=stopping,
+        me="a",
+        clock=lambda: 0.0,
+        cfg=SimpleNamespace(heartbeat_s=3.0),
+        spawn=asyncio.ensure_future,
+        telemetry=SimpleNamespace(metrics=SimpleNamespace()),
+    )
+    membership = Membership(rt)  # type: ignore[arg-type]
+    fetches: list[object] = []
+
+    async def busy(others: object) -> int:
+        fetches.append(others)
+        raise StateBusy("every peer asked was at its GetState limit")
+
+    membership._fetch_state_once = busy  # type: ignore[method-assign]
+    return membership, fetches
+
+
+def test_a_stopping_daemon_neither_starts_nor_retries_a_state_fetch() -> None:
+    # Seen in the netns bench: a DiLoCo daemon asked to stop resynchronised in its last
+    # round and kept re-fetching (each try up to minutes) until it was killed, its
+    # summary never written. Leaving, it keeps its θ for the checkpoint.
+    membership, fetches = _membership(stopping=True)
+    asyncio.run(membership.resync([record("a"), record("b"), record("c")]))
+    assert fetches == []
+    with pytest.raises(StateBusy):  # a fetch under way when the stop came: no retry
+        asyncio.run(membership.fetch_state([record("b")]))
+    assert len(fetches) == 1
