@@ -8,16 +8,17 @@ straggler at 3× the round time (bench/results/network_stragglers.md, 2026-12-03
 Starting the read so that it ends about when the round's planned steps end hides it
 behind compute, whoever is slow to answer.
 
-A prefetched roster is used only when its read began at most ``max_age_s`` before the
-round starts (one heartbeat: records are refreshed that often, so a younger read is as
-current as the records can be); while the round has not started, the read is repeated
-before the last one gets that old (a fill or a late partner can make a round outlast a
-heartbeat), one read at a time. The rules built on the roster tolerate that age by
-design: newcomers and sit-outs are announced rounds ahead (``active_from``,
-``free_from``), a peer's round seen a little old makes pacing re-read, and peers start
-their rounds at different times anyway. A read in flight at the round start is waited
-for; anything else (no prefetch scheduled, its read not begun, too old, failed) falls
-back to reading now, as without a prefetch.
+A prefetched roster is used only when its read ended at most ``max_age_s`` before the
+round starts (one heartbeat: records are refreshed that often, so the roster is then as
+current as one read at the round start would be, give or take a heartbeat). While the
+round has not started, the read is repeated before the last one gets that old (a fill
+or a late partner can make a round outlast a heartbeat), one read at a time. The rules
+built on the roster tolerate that age by design: newcomers and sit-outs are announced
+rounds ahead (``active_from``, ``free_from``), a peer's round seen a little old makes
+pacing re-read, and peers start their rounds at different times anyway. A read in
+flight at the round start is waited for, however long it has run; anything else (no
+prefetch scheduled, its read not begun, too old, failed) falls back to reading now, as
+without a prefetch.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ SMOOTHING = 0.3  # weight of the newest read time in the running estimate
 def refresh_after(max_age_s: float, read_s: float) -> float:
     """How long after a read ends to start the next, so that a read younger than
     ``max_age_s`` is at hand whenever the round starts (never back to back)."""
-    return max(max_age_s / 2, max_age_s - READ_MARGIN * read_s - READ_SLACK_S - read_s)
+    return max(max_age_s / 2, max_age_s - READ_MARGIN * read_s - READ_SLACK_S)
 
 
 def read_delay(steps_s: float, read_s: float) -> float:
@@ -67,7 +68,7 @@ class RosterPrefetch:
         self._task: asyncio.Task[None] | None = None
         self._reading_since: float | None = None  # when the read in flight began
         self._read_done = asyncio.Event()  # set when that read ends
-        self._latest: tuple[float, Records] | None = None  # (when it began, the roster)
+        self._latest: tuple[float, Records] | None = None  # (when it ended, the roster)
         self.read_s: float | None = None  # smoothed duration of a roster read
         self.used = self.stale = self.failed = 0  # prefetches taken, too old, failed
         self.at_start = 0  # reads a round start waited for
@@ -97,7 +98,7 @@ class RosterPrefetch:
                 log.debug("prefetched roster read failed (%s)", exc)
                 return
             else:
-                self._latest = (began, records)
+                self._latest = (self._clock(), records)
             finally:
                 self._reading_since = None
                 self._read_done.set()
@@ -127,9 +128,9 @@ class RosterPrefetch:
         Raises what the read raises (the caller decides what a failed read means)."""
         task = self._task
         records = self._fresh()
-        since = self._reading_since
-        in_flight = since is not None and self._clock() - since <= self._max_age_s
-        if task is not None and records is None and in_flight:  # take the read in flight
+        if task is not None and records is None and self._reading_since is not None:
+            # A read in flight ends sooner than one started now, however long it has
+            # run (a DHT node slow to answer holds both alike): take it.
             done = asyncio.ensure_future(self._read_done.wait())
             try:
                 await asyncio.wait({task, done}, return_when=asyncio.FIRST_COMPLETED)
