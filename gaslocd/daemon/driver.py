@@ -63,6 +63,7 @@ class RoundDriver:
         self.long_dropped = 0  # and dropped (a failed round, for the resync rule)
         self._begun = False  # the round's begin_round already done (by pacing)
         self.landed_after: int | None = None  # overlap: steps before the last round landed
+        self.last_round_s: float | None = None  # bounds a prefetched roster's age
 
     async def run_round(self) -> None:
         rt = self.rt
@@ -104,7 +105,8 @@ class RoundDriver:
         if rt.cfg.checkpoint_dir and rt.state.round % rt.cfg.checkpoint_every == 0:
             await self._timed(acct, "checkpoint", self.checkpoint())
         self.mark = rt.clock()
-        acct.close(self.mark - began)
+        self.last_round_s = self.mark - began
+        acct.close(self.last_round_s)
         outcome = RoundOutcome(
             setup=setup,
             losses=losses,
@@ -145,7 +147,7 @@ class RoundDriver:
         if step_s and isinstance(self.mixer, GossipMixer):
             # the next round's roster, read while these steps run; not before an
             # all-reduce, which outlasts a fresh read and would only double the reads
-            self.membership.prefetch.schedule(steps * step_s)
+            self.membership.prefetch.schedule(steps * step_s, self.last_round_s)
         losses = await self._timed(acct, "train", self._train(steps, landing=self.overlapped))
         early, before = None, len(losses)
         if self.overlapped and before < steps:  # the exchange in flight is over

@@ -37,6 +37,7 @@ Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 READ_MARGIN = 2.0  # start the read this many (smoothed) read times before the steps end
 READ_SLACK_S = 0.05  # and this much earlier still, for the scheduling's own jitter
+MIN_AGE_S = 1.0  # the tightest age bound: below it, refreshes would read back to back
 SMOOTHING = 0.3  # weight of the newest read time in the running estimate
 
 
@@ -64,6 +65,7 @@ class RosterPrefetch:
     ) -> None:
         """``spawn`` starts the prefetch task (the daemon's: cancelled at exit)."""
         self._read, self._clock, self._max_age_s = read, clock, max_age_s
+        self._age_s = max_age_s  # this prefetch's bound (see schedule)
         self._spawn = spawn
         self._task: asyncio.Task[None] | None = None
         self._reading_since: float | None = None  # when the read in flight began
@@ -103,12 +105,19 @@ class RosterPrefetch:
                 self._reading_since = None
                 self._read_done.set()
             assert self.read_s is not None
-            await asyncio.sleep(refresh_after(self._max_age_s, self.read_s))
+            await asyncio.sleep(refresh_after(self._age_s, self.read_s))
 
-    def schedule(self, steps_s: float) -> None:
+    def schedule(self, steps_s: float, round_s: float | None = None) -> None:
         """The round's steps take about ``steps_s`` from now: start the next read so that
-        it ends with them. Before the first read is timed there is nothing to hide."""
+        it ends with them. Before the first read is timed there is nothing to hide.
+
+        ``round_s`` (the last round's length) tightens the age bound to one round when
+        rounds are shorter than a heartbeat, so a roster is never older than the rounds
+        of lead a newcomer announces (``active_from``); never below ``MIN_AGE_S``."""
         self.cancel()
+        self._age_s = self._max_age_s
+        if round_s is not None:
+            self._age_s = max(MIN_AGE_S, min(self._max_age_s, round_s))
         if self.read_s is None or steps_s <= 0:
             return
         self._task = self._spawn(self._keep_fresh(read_delay(steps_s, self.read_s)))
@@ -118,7 +127,7 @@ class RosterPrefetch:
 
     def _fresh(self) -> Records | None:
         latest = self._latest
-        if latest is not None and self._clock() - latest[0] <= self._max_age_s:
+        if latest is not None and self._clock() - latest[0] <= self._age_s:
             return latest[1]
         return None
 

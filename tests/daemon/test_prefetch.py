@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gaslocd.daemon.prefetch import (
+    MIN_AGE_S,
     READ_MARGIN,
     READ_SLACK_S,
     RosterPrefetch,
@@ -194,3 +195,23 @@ async def test_cancel_leaves_nothing_running() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
     assert all(t.cancelled() for t in tasks) and len(tasks) == 1
     assert reads.count == 1
+
+
+@run
+async def test_rounds_shorter_than_a_heartbeat_bound_the_age_to_a_round() -> None:
+    # A newcomer announces itself 2 rounds ahead: a roster older than a round could miss
+    # it where others see it. With 1.5 s rounds a 2 s old prefetch is read again.
+    reads = Reads([_record("a")], [_record("a", 1)], [_record("a", 2)], [_record("a", 3)])
+    p = _prefetch(reads)
+    await p.get()
+    p.schedule(0.1, round_s=1.5)
+    await asyncio.wait_for(reads.started.wait(), WAIT_S)
+    reads.now += 2.0
+    assert await p.get() == [_record("a", 2)]
+    assert (p.used, p.stale) == (0, 1)
+    reads.started.clear()
+    p.schedule(0.1, round_s=0.01)  # never below MIN_AGE_S: refreshes would read nonstop
+    await asyncio.wait_for(reads.started.wait(), WAIT_S)
+    reads.now += MIN_AGE_S - 0.1
+    assert await p.get() == [_record("a", 3)]
+    assert (p.used, reads.count) == (1, 4)

@@ -49,6 +49,10 @@ def _membership(states: Mapping[str, tuple[int, torch.Tensor, torch.Tensor]]) ->
         progress=lambda line: None,
         clock=time.monotonic,
         links=LinkEstimates(),
+        stopping=False,
+        cfg=SimpleNamespace(heartbeat_s=3.0),
+        spawn=None,  # no roster prefetch here
+        telemetry=SimpleNamespace(metrics=SimpleNamespace()),
     )
     m = Membership(rt)  # type: ignore[arg-type]
     m.asked, m.adopted = asked, adopted  # type: ignore[attr-defined]
