@@ -59,7 +59,7 @@ class Membership:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.prefetch = RosterPrefetch(
-            lambda: rt.discovery.roster(rt.state.fingerprint),
+            self._read_roster,
             rt.clock,
             rt.cfg.heartbeat_s,
             rt.spawn,
@@ -68,9 +68,13 @@ class Membership:
 
     # -- the roster ----------------------------------------------------------------------
 
+    def _read_roster(self) -> Awaitable[list[PeerRecord]]:
+        """This model's fresh records from the DHT (raises :class:`DiscoveryError`)."""
+        return self.rt.discovery.roster(self.rt.state.fingerprint)
+
     async def roster(self) -> list[PeerRecord]:
         """This model's fresh records; empty (train alone this round) if the DHT fails."""
-        return await self._or_alone(self.rt.discovery.roster(self.rt.state.fingerprint))
+        return await self._or_alone(self._read_roster())
 
     async def round_roster(self) -> list[PeerRecord]:
         """The roster a round starts from: read during the last round's steps when that
@@ -86,7 +90,7 @@ class Membership:
             return []
 
     async def others(self) -> list[PeerRecord]:
-        records = await self.rt.discovery.roster(self.rt.state.fingerprint)
+        records = await self._read_roster()
         return [r for r in records if r.peer_id != self.rt.me]
 
     def record(self) -> PeerRecord:

@@ -58,7 +58,7 @@ class RosterPrefetch:
 
     def __init__(
         self,
-        read: Callable[[], Awaitable[list[PeerRecord]]],
+        read: Callable[[], Awaitable[Records]],
         clock: Callable[[], float],
         max_age_s: float,
         spawn: Spawn = asyncio.ensure_future,
@@ -68,14 +68,14 @@ class RosterPrefetch:
         self._age_s = max_age_s  # this prefetch's bound (see schedule)
         self._spawn = spawn
         self._task: asyncio.Task[None] | None = None
-        self._reading_since: float | None = None  # when the read in flight began
-        self._read_done = asyncio.Event()  # set when that read ends
+        self._reading = False  # a read is in flight; _read_done is set when it ends
+        self._read_done = asyncio.Event()
         self._latest: tuple[float, Records] | None = None  # (when it ended, the roster)
         self.read_s: float | None = None  # smoothed duration of a roster read
         self.used = self.stale = self.failed = 0  # prefetches taken, too old, failed
         self.at_start = 0  # reads a round start waited for
 
-    async def _timed(self) -> list[PeerRecord]:
+    async def _timed(self) -> Records:
         began = self._clock()
         records = await self._read()
         took = self._clock() - began
@@ -91,8 +91,7 @@ class RosterPrefetch:
         if delay_s > 0:
             await asyncio.sleep(delay_s)  # a schedule, not a wait on anything
         while True:
-            began = self._clock()
-            self._reading_since, self._read_done = began, asyncio.Event()
+            self._reading, self._read_done = True, asyncio.Event()
             try:
                 records = await self._timed()
             except Exception as exc:  # the DHT's own errors: the round reads for itself
@@ -102,7 +101,7 @@ class RosterPrefetch:
             else:
                 self._latest = (self._clock(), records)
             finally:
-                self._reading_since = None
+                self._reading = False
                 self._read_done.set()
             assert self.read_s is not None
             await asyncio.sleep(refresh_after(self._age_s, self.read_s))
@@ -137,7 +136,7 @@ class RosterPrefetch:
         Raises what the read raises (the caller decides what a failed read means)."""
         task = self._task
         records = self._fresh()
-        if task is not None and records is None and self._reading_since is not None:
+        if task is not None and records is None and self._reading:
             # A read in flight ends sooner than one started now, however long it has
             # run (a DHT node slow to answer holds both alike): take it.
             done = asyncio.ensure_future(self._read_done.wait())
@@ -157,7 +156,7 @@ class RosterPrefetch:
 
     def _stop(self, task: asyncio.Task[None] | None) -> None:
         self._task = None
-        self._latest, self._reading_since = None, None
+        self._latest, self._reading = None, False
         if task is not None:
             task.cancel()
 
