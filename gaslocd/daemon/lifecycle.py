@@ -46,6 +46,7 @@ from gaslocd.net.codecs import get_codec
 from gaslocd.net.discovery import Discovery, DiscoveryError
 from gaslocd.net.server import ExchangeServer
 from gaslocd.net.state import PeerState
+from gaslocd.net.tasks import cancel_and_wait
 from gaslocd.net.validation import Identity, WireStats
 from gaslocd.protocol.policy import RoundPolicy
 from gaslocd.train.checkpoint import CheckpointError, checkpoint_worker_index
@@ -389,9 +390,7 @@ class Daemon:
         """
         self._shutting_down = True
         rt = self._runtime()
-        for task in list(rt.tasks):
-            task.cancel()
-        await asyncio.gather(*rt.tasks, return_exceptions=True)
+        await cancel_and_wait(rt.tasks, what="background tasks")
         timeout_s = self.budget.checkpoint_timeout_s(asyncio.get_running_loop().time())
         if (
             started

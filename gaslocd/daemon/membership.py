@@ -22,6 +22,7 @@ from gaslocd.daemon.prefetch import RosterPrefetch
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.net.discovery import DiscoveryError
 from gaslocd.net.state import PeerState
+from gaslocd.net.tasks import cancelled
 from gaslocd.protocol.plan import STATE_FETCH
 from gaslocd.protocol.policy import (
     CATCH_UP_ROUNDS,
@@ -125,7 +126,7 @@ class Membership:
             log.info("found the run again: %d known peer(s) answered on the DHT", answered)
 
     async def heartbeat(self) -> None:
-        while True:
+        while not cancelled():  # a cancel a DHT call swallowed (gaslocd/net/tasks.py) ends it
             await asyncio.sleep(self.rt.cfg.heartbeat_s)
             try:
                 await self.redial()

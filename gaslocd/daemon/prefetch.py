@@ -28,6 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from gaslocd.net.tasks import cancelled
 from gaslocd.protocol.records import PeerRecord
 
 log = logging.getLogger(__name__)
@@ -90,8 +91,9 @@ class RosterPrefetch:
         the round outlast a heartbeat); one read at a time."""
         if delay_s > 0:
             await asyncio.sleep(delay_s)  # a schedule, not a wait on anything
-        while True:
-            self._reading, self._read_done = True, asyncio.Event()
+        while not cancelled():  # a cancel the read swallowed (gaslocd/net/tasks.py) ends it
+            done = asyncio.Event()
+            self._reading, self._read_done = True, done
             try:
                 records = await self._timed()
             except Exception as exc:  # the DHT's own errors: the round reads for itself
@@ -99,10 +101,12 @@ class RosterPrefetch:
                 log.debug("prefetched roster read failed (%s)", exc)
                 return
             else:
-                self._latest = (self._clock(), records)
+                if not cancelled():  # else superseded: the next round's prefetch owns _latest
+                    self._latest = (self._clock(), records)
             finally:
-                self._reading = False
-                self._read_done.set()
+                done.set()
+                if self._read_done is done:
+                    self._reading = False
             assert self.read_s is not None
             await asyncio.sleep(refresh_after(self._age_s, self.read_s))
 

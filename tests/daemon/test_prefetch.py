@@ -215,3 +215,29 @@ async def test_rounds_shorter_than_a_heartbeat_bound_the_age_to_a_round() -> Non
     reads.now += MIN_AGE_S - 0.1
     assert await p.get() == [_record("a", 3)]
     assert (p.used, reads.count) == (1, 4)
+
+
+@run
+async def test_a_read_that_swallows_its_cancel_ends_and_leaves_the_next_prefetch_alone() -> None:
+    """The read's answer arrives in the loop iteration of the cancel (the next schedule):
+    Python 3.11's wait_for then returns the answer instead of raising (gaslocd.net.tasks).
+    The superseded loop must neither keep reading nor hand its roster to the next round."""
+    old, new = [_record("old")], [_record("new")]
+    reads = Reads([_record("a")], old, new)
+    tasks: list[asyncio.Task[None]] = []
+
+    def spawn(coro):  # type: ignore[no-untyped-def]
+        tasks.append(asyncio.ensure_future(coro))
+        return tasks[-1]
+
+    p = RosterPrefetch(reads, reads.clock, MAX_AGE_S, spawn)
+    await p.get()
+    reads.gate = asyncio.Event()
+    p.schedule(0.1)
+    await asyncio.wait_for(reads.started.wait(), WAIT_S)
+    reads.gate.set()  # the answer arrives ...
+    p.schedule(3600.0)  # ... as the next round cancels this prefetch
+    await asyncio.wait_for(asyncio.gather(tasks[0], return_exceptions=True), WAIT_S)
+    assert reads.count == 2 and not tasks[0].cancelled()  # it swallowed the cancel, and ended
+    assert await p.get() == new  # not the superseded read's roster: read at the round start
+    assert (p.used, reads.count) == (0, 3)
