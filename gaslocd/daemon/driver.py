@@ -60,7 +60,7 @@ class RoundDriver:
         adapt = rt.algo.adapt_codec and isinstance(mixer, GossipMixer)
         self.ladder = codec_ladder(rt.cfg.codec, rt.wire.codecs) if adapt else ()
         self.long_landed = 0  # long exchanges mixed this round
-        self.long_dropped = 0  # and dropped (a failed round, for the resync rule)
+        self.long_dropped = 0  # and dropped not for lack of time (the resync rule)
         self._begun = False  # the round's begin_round already done (by pacing)
         self.landed_after: int | None = None  # overlap: steps before the last round landed
         self.last_round_s: float | None = None  # bounds a prefetched roster's age

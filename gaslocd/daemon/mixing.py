@@ -24,7 +24,7 @@ from gaslocd.net.rendezvous import ExchangeResult, Outcome
 from gaslocd.protocol.account import split_exchange
 from gaslocd.protocol.linkcodec import message_bytes
 from gaslocd.protocol.plan import MAX_LONG_ROUNDS, RoundSetup
-from gaslocd.protocol.policy import counted_exchanges, mixing_row
+from gaslocd.protocol.policy import counted_exchanges, mendable_drops, mixing_row
 from gaslocd.protocol.records import PeerRecord
 from gaslocd.train.device import on_host
 
@@ -165,8 +165,9 @@ class GossipMixer:
     async def land_long(self) -> tuple[int, int]:
         """Mix the long exchanges that ended since the last look (each end moves by
         W_ij·(θ̃_j − θ̃_i) of their round: :meth:`Worker.apply_pair_mix`); returns how
-        many were mixed and how many dropped (failed, or the partner refused ours)."""
-        rt, landed = self.rt, 0
+        many were mixed and how many dropped for a reason a resync could mend (refused,
+        failed; not :data:`LATE_DROPS`, which only ran out of time on a slow link)."""
+        rt, landed, dropped = self.rt, 0, []
         done, self.long = (
             [f for f in self.long if f.task.done()],
             [f for f in self.long if not f.task.done()],
@@ -181,14 +182,16 @@ class GossipMixer:
                 rt.state.apply_pair_mix, flight.round, flight.weight, theta
             )
             rt.telemetry.metrics.count(rt.telemetry.metrics.long, "landed" if applied else "failed")
+            reason = "cancelled" if outcome is None else getattr(outcome, "reason", "refused")
             log.info(
                 "round %d: long exchange with %s %s",
                 flight.round,
                 flight.peer,
-                "mixed" if applied else f"dropped ({getattr(outcome, 'reason', 'refused')})",
+                "mixed" if applied else f"dropped ({reason})",
             )
             landed += applied
-        return landed, len(done) - landed
+            dropped += [] if applied else [reason]
+        return landed, mendable_drops(dropped)
 
     def landed(self) -> bool:
         """Whether the exchange in flight (if any) is over: the fill stops then."""

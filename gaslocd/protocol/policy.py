@@ -45,6 +45,19 @@ from gaslocd.protocol.records import PeerRecord
 MAX_LEAD_ROUNDS = 1
 CATCH_UP_ROUNDS = 2
 RESYNC_AFTER_FAILED_ROUNDS = 3
+# A long exchange dropped for lack of time (its own deadline, a partner whose round had
+# closed or not begun, a stop) says nothing about drift, and a resync would fetch two full
+# states over the very link that was too slow: it does not count as a failed round. Every
+# other drop does (a refusal: the norm bound, a mismatch, a partner gone).
+LATE_DROPS = frozenset({"deadline", "cancelled", "refused:timeout", "refused:future-round"})
+
+
+def mendable_drops(reasons: Sequence[str]) -> int:
+    """How many of these dropped long exchanges (their failure reasons) count toward a
+    resync: ``long_failed`` of :meth:`RoundPolicy.should_resync`."""
+    return sum(reason not in LATE_DROPS for reason in reasons)
+
+
 # No honest round is shorter than this (steps, an exchange, a roster read): the fastest
 # the run's round number can legitimately grow, 20 rounds per second.
 MIN_ROUND_S = 0.05
@@ -255,7 +268,9 @@ class RoundPolicy:
         landed to ``exchanged`` and those dropped to ``long_failed``. A round whose
         partners are all long has nothing to fail yet; counting it failed would resync a
         peer whose only fault is a slow link, by a state fetch over that link. Dropped
-        ones count (refused for drifting beyond the norm bound, only a resync helps)."""
+        ones count (refused for drifting beyond the norm bound, only a resync helps),
+        except those that only ran out of time (:data:`LATE_DROPS`: the caller leaves
+        them out of ``long_failed``)."""
         if all(p in setup.long for p in setup.partners) and not exchanged and not long_failed:
             return False
         if (not setup.partners and not long_failed) or exchanged:

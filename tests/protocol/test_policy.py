@@ -22,6 +22,7 @@ from gaslocd.protocol.policy import (
     RESYNC_AFTER_FAILED_ROUNDS,
     RoundPolicy,
     counted_exchanges,
+    mendable_drops,
     mixing_row,
     resync_sources,
 )
@@ -172,6 +173,27 @@ def test_rounds_whose_partners_are_all_long_never_count_as_failed() -> None:
         policy.should_resync(alone, 0, long_failed=1),
         policy.should_resync(long_only, 0, long_failed=1),
     ] == [False] * (RESYNC_AFTER_FAILED_ROUNDS - 1) + [True]
+
+
+def test_long_exchanges_that_only_ran_out_of_time_never_resync_a_slow_link() -> None:
+    """A slow link under load drops long exchanges at their deadline: a resync would
+    fetch two full states over that link (minutes at 1 Mbit/s, training stopped), and
+    mend nothing. Refusals still count, so a drifted peer comes back."""
+    policy = RoundPolicy("a", record_ttl_s=15.0, h_upper=40)
+    alone = _setup("a", [_rec("a")])  # sitting out: its only exchanges are long
+    late = ["deadline", "refused:timeout", "refused:future-round", "cancelled"]
+    assert mendable_drops(late) == 0
+    assert not any(
+        policy.should_resync(alone, 0, long_failed=mendable_drops(["deadline"]))
+        for _ in range(3 * RESYNC_AFTER_FAILED_ROUNDS)
+    )
+    refused = mendable_drops(["refused:norm-bound", "deadline"])
+    assert refused == 1 and mendable_drops(["refused"]) == 1  # the partner refused ours
+    decisions = [
+        policy.should_resync(alone, 0, long_failed=refused)
+        for _ in range(RESYNC_AFTER_FAILED_ROUNDS)
+    ]
+    assert decisions == [False] * (RESYNC_AFTER_FAILED_ROUNDS - 1) + [True]
 
 
 def test_resync_asks_typical_peers_first_not_the_most_advanced() -> None:
