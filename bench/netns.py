@@ -5,9 +5,11 @@ namespace holding a bridge and ``n`` *leaf* namespaces, each joined to the bridg
 pair: a star, like n machines behind one switch, each with its own access link. Every
 access link is shaped in both directions with ``tc`` (the leaf's side shapes its upload,
 the hub's side its download): a token bucket (``tbf``) for the rate, under ``netem`` when
-a delay is asked for. Packet loss is an nftables rule in each leaf that drops that share
-of its packets at random, in and out (``numgen random``): it needs no ``netem``, which
-some kernels lack. Rates may differ per leaf (a straggler's slow link).
+a delay is asked for; below 100 Mbit/s with GSO off and a 16 KiB bucket, so that a
+message smaller than the bucket does not cross a slow link at once. Packet loss is an
+nftables rule in each leaf that drops that share of its packets at random, in and out
+(``numgen random``): it needs no ``netem``, which some kernels lack. Rates may differ per
+leaf (a straggler's slow link).
 Addresses are 10.231.<lab>.<i+1>/24 and exist only inside the namespaces, so nothing
 reaches or shadows the host's own network. A leaf in ``nat`` is a home router instead: its
 namespace holds that address and masquerades (nftables) for a host namespace behind it,
@@ -35,6 +37,10 @@ from dataclasses import dataclass, field
 
 PREFIX = "gl"  # namespace and link names start with this (kept short: IFNAMSIZ is 16)
 NFT_TABLE = "gaslocd_loss"
+# Links slower than this are shaped packet by packet with a small bucket (see _shape);
+# faster ones keep GSO (per-packet work at 1 Gbit/s would load the shared cores).
+EXACT_BELOW_MBIT = 100.0
+EXACT_BURST = 16 * 1024
 
 
 def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -177,6 +183,13 @@ def _shape(ns: str, dev: str, rate_mbit: float | None, delay_ms: float) -> None:
     if rate_mbit is not None:
         # burst: ~4 ms of traffic and at least a 64 KiB GSO segment, else tbf drops them.
         burst = max(int(rate_mbit * 1e6 / 8 * 0.004), 256 * 1024)
+        if rate_mbit < EXACT_BELOW_MBIT:
+            # Such a bucket lets a whole small message through at once: over "1 Mbit/s"
+            # 150 kB (a q4 θ̃ of the tiny model) arrived in 0.00 s and 600 kB at 1.36
+            # Mbit/s, so a slow link's measured (and published) rate was inflated. Sent
+            # one MTU per packet (GSO off), a small bucket is enough: 1.07 and 0.98 Mbit/s.
+            _ip("link", "set", dev, "gso_max_segs", "1", "gso_max_size", "1500", ns=ns)
+            burst = max(int(rate_mbit * 1e6 / 8 * 0.004), EXACT_BURST)
         _tc(
             ns,
             "qdisc",

@@ -41,6 +41,47 @@ class NsDaemon(Daemon):
         super().__init__(args, reaper, f"n{i}", command=lab.exec_argv(i, argv))
 
 
+_SINK = """
+import socket, sys, time
+srv = socket.create_server((sys.argv[1], 0))
+print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept()
+got, first = 0, None
+while chunk := conn.recv(1 << 16):
+    first = first or time.monotonic()
+    got += len(chunk)
+print(got, time.monotonic() - first, flush=True)
+"""
+_SOURCE = """
+import socket, sys
+with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60) as conn:
+    conn.sendall(bytes(int(sys.argv[3])))
+"""
+
+
+def test_a_slow_link_carries_a_message_smaller_than_a_bucket_at_its_rate() -> None:
+    """What the straggler benches and the slow-link test build on: 150 kB (a q4 θ̃ of the
+    tiny model) over a 1 Mbit/s upload takes its 1.2 s, not the instant a 256 KiB bucket
+    gave it (bench/netns.py shapes slow links one MTU per packet)."""
+    nbytes = 150_000
+    with netns.NetLab(2, rate_mbit=[1.0, 1000]) as lab:
+        sink = subprocess.Popen(
+            lab.exec_argv(1, [sys.executable, "-c", _SINK, lab.address(1)]),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert sink.stdout is not None
+            port = sink.stdout.readline().strip()
+            argv = [sys.executable, "-c", _SOURCE, lab.address(1), port, str(nbytes)]
+            subprocess.run(lab.exec_argv(0, argv), check=True, timeout=60)
+            got, seconds = sink.communicate(timeout=60)[0].split()
+        finally:
+            sink.kill()
+    mbit = int(got) * 8 / float(seconds) / 1e6
+    assert int(got) == nbytes and 0.7 < mbit < 1.3, f"{mbit:.3f} Mbit/s over a 1 Mbit/s link"
+
+
 @pytest.fixture
 def lab4() -> Iterator[netns.NetLab]:
     with netns.NetLab(4, rate_mbit=1000) as lab:
