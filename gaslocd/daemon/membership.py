@@ -21,7 +21,7 @@ from gaslocd.algorithm.robust import distance, norm_of
 from gaslocd.daemon.prefetch import RosterPrefetch
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.net.discovery import DiscoveryError
-from gaslocd.net.state import PeerState
+from gaslocd.net.state import PeerState, state_read_s
 from gaslocd.net.tasks import cancelled
 from gaslocd.protocol.plan import STATE_FETCH
 from gaslocd.protocol.policy import (
@@ -278,7 +278,10 @@ class Membership:
         began = rt.clock()
         try:
             state = await rt.server.client.fetch_state(
-                record.address, expected, STATE_FETCH_TIMEOUT_S, peer=record.peer_id
+                record.address,
+                expected,
+                state_read_s(8 * rt.state.numel, STATE_FETCH_TIMEOUT_S),
+                peer=record.peer_id,
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:

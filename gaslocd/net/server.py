@@ -59,6 +59,7 @@ from gaslocd.net.stream import (
     run_duplex,
 )
 from gaslocd.net.stream import send_message as send_stream
+from gaslocd.net.tasks import at_most
 from gaslocd.net.threads import wire_executor
 from gaslocd.net.validation import (
     Identity,
@@ -381,10 +382,10 @@ class ExchangeServer:
             return
         state = await self._state.get(self._board.latest_round if self._board else None)
         try:  # a caller that stops reading holds one of the few GetState slots: bounded
-            async with asyncio.timeout(self.config.accept_wait_s):
-                sent = await send_state(context.write, state, self.me, self.config, self._executor)
-        except TimeoutError:
-            await self._refuse(context, Refusal("timeout", "the state was not read in time"))
+            sent = await send_state(context.write, state, self.me, self.config, self._executor)
+        except TimeoutError:  # its status queues behind what it did not read: the slot is freed
+            late = Refusal("timeout", "the state was not read in time")
+            await at_most(self._refuse(context, late), 1.0)
             return
         self.stats.bytes_sent += sent
 

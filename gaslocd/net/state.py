@@ -37,6 +37,19 @@ _FP32 = get_codec("fp32")
 MAX_ROUND = 2**31  # 68 years at one round a second
 MAX_THETA_RMS = 1e3  # an LM's weights have an RMS of order 0.01-1
 MAX_MOMENTUM_RATIO = 10.0
+# The slowest a state may stream and still be waited for (bytes/s, 131 kbit/s). A state is
+# 8 bytes per parameter: 4.4 GB at 551M, 6 min at 100 Mbit/s. Bounding the whole stream
+# by a fixed time (60 s at the server, 120 s at the client) refused every newcomer on a
+# link slower than ~600 Mbit/s at that size, and, on a 0.28 Mbit/s straggler, the tiny
+# model's 2 MB; so both bounds grow with the state's size at this rate. A reader that
+# stops reading is found by the bound on each chunk, not the whole stream's (which, at
+# this rate, lasts days at 551M): it would hold one of the few GetState slots.
+STATE_MIN_RATE = 16 * 1024
+
+
+def state_read_s(nbytes: int, floor_s: float) -> float:
+    """How long ``nbytes`` of state may take to stream: ``floor_s`` at least."""
+    return max(floor_s, nbytes / STATE_MIN_RATE)
 
 
 @dataclass(frozen=True)
@@ -59,10 +72,29 @@ def _bytes_of(t: torch.Tensor) -> np.ndarray:
     return t.detach().view(torch.uint8).numpy()
 
 
+def state_nbytes(state: PeerState) -> int:
+    return sum(4 * t.numel() for t in state.tensors.values())
+
+
 async def send_state(
     write: Write, state: PeerState, me: Identity, config: WireConfig, executor: Executor
 ) -> int:
-    """Write the header and every tensor's bytes; returns the bytes written."""
+    """Write the header and every tensor's bytes; returns the bytes written. Raises
+    ``TimeoutError`` when the reader is slower than :data:`STATE_MIN_RATE`: over the
+    whole state, or for one chunk (``config.accept_wait_s`` at least, either way)."""
+    async with asyncio.timeout(state_read_s(state_nbytes(state), config.accept_wait_s)):
+        return await _send_state(write, state, me, config, executor)
+
+
+async def _send_state(
+    write: Write, state: PeerState, me: Identity, config: WireConfig, executor: Executor
+) -> int:
+    stall_s = state_read_s(config.chunk_bytes, config.accept_wait_s)
+
+    async def bounded(data: bytes) -> None:
+        async with asyncio.timeout(stall_s):
+            await write(data)
+
     header = pb.StateHeader(
         run_id=me.run_id,
         fingerprint=me.fingerprint,
@@ -73,14 +105,14 @@ async def send_state(
         extra=state.extra,
     )
     first = frame_state_header(header)
-    await write(first)
+    await bounded(first)
     sent = len(first)
     loop = asyncio.get_running_loop()
     for tensor in state.tensors.values():
         raw = _bytes_of(tensor)
         for _, _, b0, b1 in chunk_spans(_FP32, tensor.numel(), config.chunk_bytes):
             data = await loop.run_in_executor(executor, frame_data, raw[b0:b1].data)
-            await write(data)
+            await bounded(data)
             sent += len(data)
     return sent
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -57,3 +57,12 @@ def cancelled(task: asyncio.Task[Any] | None = None) -> bool:
     request was swallowed (see the module's docstring): a loop checks it each turn."""
     task = task if task is not None else asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+async def at_most(coro: Coroutine[Any, Any, Any], timeout_s: float) -> None:
+    """Run ``coro`` for at most ``timeout_s``, then cancel it; raises what it raised when
+    it ended in time (a gRPC abort's exception, say, which ends the handler)."""
+    task = asyncio.ensure_future(coro)
+    if (await asyncio.wait({task}, timeout=timeout_s))[0]:
+        task.result()
+    task.cancel()
