@@ -115,13 +115,18 @@ def resync_sources(records: Sequence[PeerRecord], me: str) -> list[PeerRecord]:
 
     Not the most advanced: the highest round is what a hostile record claims, and an
     honest peer's state is as good a round behind as a round ahead. Never a peer behind
-    NAT (``reachable`` False): nobody can dial it.
+    NAT (``reachable`` False): nobody can dial it. A peer sitting out of the pairings
+    (``free_from`` ahead of its round: its link cannot carry θ̃ within a round) comes
+    last: two full states over that link took minutes (bench/stragglers_net.py, 10× T).
     """
     others = [r for r in records if r.peer_id != me and r.reachable]
     if not others:
         return []
     middle = statistics.median_low(r.round for r in others)
-    return sorted(others, key=lambda r: (abs(r.round - middle), -r.round, r.peer_id))
+    return sorted(
+        others,
+        key=lambda r: (r.free_from > r.round, abs(r.round - middle), -r.round, r.peer_id),
+    )
 
 
 def state_refusal(

@@ -202,6 +202,16 @@ def test_resync_asks_typical_peers_first_not_the_most_advanced() -> None:
     assert [r.peer_id for r in resync_sources(records, "a")] == ["c", "b"]
 
 
+def test_resync_asks_a_peer_sitting_out_on_a_slow_link_last() -> None:
+    # c is the typical one but sits out until round 12 (its link is too slow for a
+    # round): two full states over it would take minutes, so b is asked first.
+    records = [_rec("a", 5), _rec("b", 9), replace(_rec("c", 8), free_from=12), _rec("d", 7)]
+    assert [r.peer_id for r in resync_sources(records, "a")] == ["b", "d", "c"]
+    # Once it rejoins the pairings (free_from reached), it is typical again.
+    records[2] = replace(records[2], free_from=8)
+    assert [r.peer_id for r in resync_sources(records, "a")] == ["c", "b", "d"]
+
+
 def test_a_one_sided_exchange_does_not_count_and_w_stays_doubly_stochastic() -> None:
     two = AlgoConfig(algo="gasloc", topology="2peer", inner_steps=10)
     links = LinkEstimates()
