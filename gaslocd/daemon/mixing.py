@@ -167,7 +167,8 @@ class GossipMixer:
         W_ij·(θ̃_j − θ̃_i) of their round: :meth:`Worker.apply_pair_mix`); returns how
         many were mixed and how many dropped for a reason a resync could mend (refused,
         failed; not :data:`LATE_DROPS`, which only ran out of time on a slow link)."""
-        rt, landed, dropped = self.rt, 0, []
+        rt, landed = self.rt, 0
+        dropped: list[str] = []  # the reasons of those not mixed
         done, self.long = (
             [f for f in self.long if f.task.done()],
             [f for f in self.long if not f.task.done()],
@@ -190,7 +191,8 @@ class GossipMixer:
                 "mixed" if applied else f"dropped ({reason})",
             )
             landed += applied
-            dropped += [] if applied else [reason]
+            if not applied:
+                dropped.append(reason)
         return landed, mendable_drops(dropped)
 
     def landed(self) -> bool:

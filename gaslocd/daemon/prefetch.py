@@ -69,8 +69,7 @@ class RosterPrefetch:
         self._age_s = max_age_s  # this prefetch's bound (see schedule)
         self._spawn = spawn
         self._task: asyncio.Task[None] | None = None
-        self._reading = False  # a read is in flight; _read_done is set when it ends
-        self._read_done = asyncio.Event()
+        self._in_flight: asyncio.Event | None = None  # set when the read in flight ends
         self._latest: tuple[float, Records] | None = None  # (when it ended, the roster)
         self.read_s: float | None = None  # smoothed duration of a roster read
         self.used = self.stale = self.failed = 0  # prefetches taken, too old, failed
@@ -92,8 +91,7 @@ class RosterPrefetch:
         if delay_s > 0:
             await asyncio.sleep(delay_s)  # a schedule, not a wait on anything
         while not cancelled():  # a cancel the read swallowed (gaslocd/net/tasks.py) ends it
-            done = asyncio.Event()
-            self._reading, self._read_done = True, done
+            done = self._in_flight = asyncio.Event()
             try:
                 records = await self._timed()
             except Exception as exc:  # the DHT's own errors: the round reads for itself
@@ -105,8 +103,8 @@ class RosterPrefetch:
                     self._latest = (self._clock(), records)
             finally:
                 done.set()
-                if self._read_done is done:
-                    self._reading = False
+                if self._in_flight is done:
+                    self._in_flight = None
             assert self.read_s is not None
             await asyncio.sleep(refresh_after(self._age_s, self.read_s))
 
@@ -140,10 +138,11 @@ class RosterPrefetch:
         Raises what the read raises (the caller decides what a failed read means)."""
         task = self._task
         records = self._fresh()
-        if task is not None and records is None and self._reading:
+        in_flight = self._in_flight
+        if task is not None and records is None and in_flight is not None:
             # A read in flight ends sooner than one started now, however long it has
             # run (a DHT node slow to answer holds both alike): take it.
-            done = asyncio.ensure_future(self._read_done.wait())
+            done = asyncio.ensure_future(in_flight.wait())
             try:
                 await asyncio.wait({task, done}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -160,7 +159,7 @@ class RosterPrefetch:
 
     def _stop(self, task: asyncio.Task[None] | None) -> None:
         self._task = None
-        self._latest, self._reading = None, False
+        self._latest, self._in_flight = None, None
         if task is not None:
             task.cancel()
 

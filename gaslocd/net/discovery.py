@@ -298,12 +298,12 @@ class Discovery:
     # -- records -------------------------------------------------------------------------
 
     async def _bounded(self, future: Awaitable[T], what: str) -> T:
+        bound = self._timeout_s
         try:
-            return await asyncio.wait_for(future, self._timeout_s)
+            async with asyncio.timeout(bound):  # wait_for may swallow a cancel (net/tasks.py)
+                return await future
         except TimeoutError:
-            raise DiscoveryError(
-                f"DHT {what} did not finish within {self._timeout_s:g} s"
-            ) from None
+            raise DiscoveryError(f"DHT {what} did not finish within {bound:g} s") from None
 
     async def publish(self, record: PeerRecord) -> None:
         """Store (or refresh) this peer's record until now + ``record_ttl_s``.

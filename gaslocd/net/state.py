@@ -82,13 +82,6 @@ async def send_state(
     """Write the header and every tensor's bytes; returns the bytes written. Raises
     ``TimeoutError`` when the reader is slower than :data:`STATE_MIN_RATE`: over the
     whole state, or for one chunk (``config.accept_wait_s`` at least, either way)."""
-    async with asyncio.timeout(state_read_s(state_nbytes(state), config.accept_wait_s)):
-        return await _send_state(write, state, me, config, executor)
-
-
-async def _send_state(
-    write: Write, state: PeerState, me: Identity, config: WireConfig, executor: Executor
-) -> int:
     stall_s = state_read_s(config.chunk_bytes, config.accept_wait_s)
 
     async def bounded(data: bytes) -> None:
@@ -104,17 +97,18 @@ async def _send_state(
         chunk_bytes=config.chunk_bytes,
         extra=state.extra,
     )
-    first = frame_state_header(header)
-    await bounded(first)
-    sent = len(first)
-    loop = asyncio.get_running_loop()
-    for tensor in state.tensors.values():
-        raw = _bytes_of(tensor)
-        for _, _, b0, b1 in chunk_spans(_FP32, tensor.numel(), config.chunk_bytes):
-            data = await loop.run_in_executor(executor, frame_data, raw[b0:b1].data)
-            await bounded(data)
-            sent += len(data)
-    return sent
+    async with asyncio.timeout(state_read_s(state_nbytes(state), config.accept_wait_s)):
+        first = frame_state_header(header)
+        await bounded(first)
+        sent = len(first)
+        loop = asyncio.get_running_loop()
+        for tensor in state.tensors.values():
+            raw = _bytes_of(tensor)
+            for _, _, b0, b1 in chunk_spans(_FP32, tensor.numel(), config.chunk_bytes):
+                data = await loop.run_in_executor(executor, frame_data, raw[b0:b1].data)
+                await bounded(data)
+                sent += len(data)
+        return sent
 
 
 async def receive_state(

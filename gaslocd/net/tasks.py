@@ -33,23 +33,18 @@ async def cancel_and_wait(
     ``gather(..., return_exceptions=True)`` would."""
     tasks = list(tasks)  # a set that done-callbacks shrink (Runtime.tasks) is copied first
     pending = {t for t in tasks if not t.done()}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while pending and (left := deadline - loop.time()) > 0:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_S, left))
     for task in tasks:
         if task.done() and not task.cancelled():
             task.exception()  # retrieved: no "exception never retrieved" at exit
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while pending:
-        for task in pending:
-            task.cancel()
-        left = deadline - loop.time()
-        if left <= 0:
-            log.warning("%d %s still running %.0f s after a cancel", len(pending), what, timeout_s)
-            return pending
-        done, pending = await asyncio.wait(pending, timeout=min(RECANCEL_S, left))
-        for task in done:
-            if not task.cancelled():
-                task.exception()
-    return set()
+    if pending:
+        log.warning("%d %s still running %.0f s after a cancel", len(pending), what, timeout_s)
+    return pending
 
 
 def cancelled(task: asyncio.Task[Any] | None = None) -> bool:
