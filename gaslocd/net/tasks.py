@@ -2,9 +2,10 @@
 
 Why not ``task.cancel()`` and then ``gather``: on Python 3.11, ``asyncio.wait_for``
 swallows a cancellation that arrives in the same loop iteration as the result it waits
-for: it returns the result instead (3.12 reimplemented it on ``asyncio.timeout``). Every
-DHT and gRPC call here is bounded by ``wait_for``, so a looping task (the heartbeat, the
-roster prefetch) whose cancel met a finishing call carried on as if never cancelled, and
+for: it returns the result instead (3.12 reimplemented it on ``asyncio.timeout``). The
+DHT calls were bounded by ``wait_for`` (now ``asyncio.timeout``; some gRPC waits still
+are), so a looping task (the heartbeat, the roster prefetch) whose cancel met a
+finishing call carried on as if never cancelled, and
 a ``gather`` on it waited forever: a peer that had finished its last round never exited
 (CI; reproduced on a loaded machine in 1 of 83 and 1 of 150 runs of the first run of
 tests/api/test_own_loop.py: the roster prefetch's loop, marked cancelling, asleep).
