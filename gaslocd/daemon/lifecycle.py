@@ -9,10 +9,9 @@ one training thread (:class:`~gaslocd.daemon.worker.TrainingThread`).
 The first SIGTERM or Ctrl-C stops training after the current step, finishes that round's
 exchange within its deadline and the stop budget (``--stop-timeout``, less what the
 checkpoint needs: :class:`~gaslocd.daemon.signals.StopBudget`), writes the checkpoint and
-withdraws the peer record. A
-second one abandons whatever is in progress — the round, or the final checkpoint (its
-write is atomic, so the previous checkpoint stays whole) — and exits promptly. The
-signal handlers that were installed before the daemon ran are restored when it returns.
+withdraws the peer record. A second one abandons whatever is in progress (the round, or
+the final checkpoint, whose write is atomic) and exits promptly. The signal handlers
+installed before the daemon ran are restored when it returns.
 """
 
 from __future__ import annotations
@@ -310,6 +309,8 @@ class Daemon:
             network_round = await self.membership.join_network()
             if network_round is not None and (network_round > 0 or cfg.min_peers == 1):
                 rt.active_from = max(rt.state.round, network_round) + cfg.join_lead_rounds
+        if rt.links.step_time_s is None:  # our record's step time: the first plan's T
+            rt.links.step_time_s = await rt.thread.call(rt.state.trainer.time_step)
         await self.membership.publish()
         # Heartbeats start now, not after the lobby: a record not refreshed while we wait
         # for peers would expire and make us invisible to the very peers we wait for.

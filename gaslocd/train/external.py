@@ -123,6 +123,9 @@ class UserLoop:
             raise NonFiniteLossError(window.bad)
         return window.losses
 
+    def time_step(self) -> float | None:
+        return None  # the user's loop times its own steps, from its first window on
+
     def evaluate(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float:
         del batches  # the user's evaluation brings its own data
         return float(self._evaluate()) if self._evaluate is not None else math.nan

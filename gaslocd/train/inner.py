@@ -71,6 +71,8 @@ class Trainer(Protocol):
 
     def train_steps(self, n: int, should_stop: Callable[[], bool] | None = None) -> list[float]: ...
 
+    def time_step(self) -> float | None: ...
+
     def evaluate(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float: ...
 
     def state_dict(self) -> dict[str, Any]: ...
@@ -167,6 +169,25 @@ class InnerTrainer:
         self.scaler.update()
         self.steps_done += 1
         return value
+
+    def time_step(self) -> float | None:
+        """Seconds of a step's forward and backward, with nothing applied and no batch
+        drawn (None if it is not finite). A daemon's first round needs the round time T to
+        classify its links (a link slower than a round must be planned long from the
+        start, docs/design.md §3), and T needs a step time before any step was taken."""
+        shape = (self.sampler.batch_size, self.sampler.seq_len)
+        x = torch.zeros(shape, dtype=torch.long, device=self.device)
+        seconds = None
+        try:
+            for _ in range(2):  # the first pass pays for first-call allocations
+                began = time.perf_counter()
+                self._forward_backward(x, x)
+                seconds = time.perf_counter() - began
+        except NonFiniteLossError:
+            return None
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+        return seconds
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """The batch's mean loss, its gradients accumulated over micro-batches."""

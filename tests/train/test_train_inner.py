@@ -174,3 +174,16 @@ def test_model_without_loss_is_reported() -> None:
     trainer = InnerTrainer(model, FlatParameters(model), sampler, CFG)
     with pytest.raises(TypeError, match="no loss"):
         trainer.train_steps(1)
+
+
+def test_timing_a_step_before_the_first_round_changes_nothing() -> None:
+    """The daemon times a step before its first plan (its record's step time, the first
+    round's T); the run must go on as if it had not: same θ, same data, same steps."""
+    timed, plain = _trainer(), _trainer()
+    seconds = timed.time_step()
+    assert seconds is not None and seconds > 0
+    assert all(p.grad is None for p in timed.model.parameters())
+    assert timed.steps_done == 0 and timed.sampler.batches_drawn == 0
+    assert torch.equal(timed.flat.flat, plain.flat.flat)
+    assert timed.train_steps(3) == plain.train_steps(3)
+    assert torch.equal(timed.flat.flat, plain.flat.flat)
