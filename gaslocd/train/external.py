@@ -75,8 +75,10 @@ class UserLoop:
         tokens_per_step: int = 0,
         alive: Callable[[], bool] = lambda: True,
         state: Stateful | None = None,
+        timer: Callable[[], float | None] | None = None,
     ) -> None:
         self.optimizer = optimizer
+        self._timer = timer
         self.state = state
         self._evaluate = evaluate
         self.evaluates = evaluate is not None
@@ -124,7 +126,10 @@ class UserLoop:
         return window.losses
 
     def time_step(self) -> float | None:
-        return None  # the user's loop times its own steps, from its first window on
+        """A step's time before the first window (:meth:`InnerTrainer.time_step`), when
+        the loop is gaslocd's own (``timer``); a user's loop is timed from its first window.
+        Called before any window opens, so the loop's thread is not stepping."""
+        return self._timer() if self._timer is not None else None
 
     def evaluate(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float:
         del batches  # the user's evaluation brings its own data
@@ -255,6 +260,7 @@ def take_over(worker: Worker, alive: Callable[[], bool]) -> tuple[UserLoop, Inne
         tokens_per_step=inner.tokens_per_step,
         alive=alive,
         state=inner,
+        timer=inner.time_step,
     )
     loop.precision = inner.precision
     loop.steps_done = inner.steps_done

@@ -178,6 +178,11 @@ def test_the_daemons_own_loop_trains_through_the_handshake(
     worker = _own_worker()
     loop, inner = take_over(worker, alive=lambda: True)
     assert worker.trainer is loop and loop.precision == inner.precision == "fp32"
+    # The daemon's first plan needs a step time before the first window: its own loop
+    # times one (nothing drawn, nothing applied); a user's loop has none to give.
+    seconds = loop.time_step()
+    assert seconds is not None and seconds > 0 and inner.sampler.batches_drawn == 0
+    assert UserLoop().time_step() is None
     assert loop.evaluates and math.isfinite(worker.evaluate())
     worker.begin_round()
     window = trainer_thread.submit(worker.train, 3)
