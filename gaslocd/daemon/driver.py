@@ -95,7 +95,8 @@ class RoundDriver:
         losses = paced[0] + losses
         acct.add_all(mixed.parts)
         done, dropped = mixed.exchanged + self.long_landed, self.long_dropped
-        if mixed.setup is not None and rt.policy.should_resync(mixed.setup, done, dropped):
+        resync = rt.policy.should_resync
+        if mixed.setup is not None and resync(mixed.setup, done, dropped, mixed.excused):
             await self._timed(acct, "roster", self.membership.resync(records))
         exchange_s = rt.clock() - exchange_began
         pause = rt.policy.solo_wait_s(setup, rt.clock() - began, rt.clock())
@@ -196,6 +197,7 @@ class RoundDriver:
         rt = self.rt
         if setup.free_from > rt.free_from:
             rt.free_from = setup.free_from
+            rt.server.board.sitting_out = range(setup.round + 1, setup.free_from)
             rt.spawn(self.membership.publish())
             k, until = setup.free_from - setup.round, setup.free_from + 1
             rt.progress(

@@ -24,7 +24,7 @@ from gaslocd.net.rendezvous import ExchangeResult, Outcome
 from gaslocd.protocol.account import split_exchange
 from gaslocd.protocol.linkcodec import message_bytes
 from gaslocd.protocol.plan import MAX_LONG_ROUNDS, RoundSetup
-from gaslocd.protocol.policy import counted_exchanges, mendable_drops, mixing_row
+from gaslocd.protocol.policy import SAT_OUT, counted_exchanges, mendable_drops, mixing_row
 from gaslocd.protocol.records import PeerRecord
 from gaslocd.train.device import on_host
 
@@ -75,6 +75,7 @@ class MixResult:
     clipped: int = 0  # partners whose θ̃ robust mixing pulled in to the trust radius
     rescaled: int = 0  # partners within it whose norm gap alone was cut
     setup: RoundSetup | None = None  # the round mixed (overlapped: the previous one)
+    excused: frozenset[str] = frozenset()  # partners that said they sit this round out
 
 
 class Mixer(Protocol):
@@ -253,6 +254,7 @@ class GossipMixer:
         received: dict[str, torch.Tensor] = {}
         refused_ours: set[str] = set()
         slowest: ExchangeResult | None = None
+        excused = frozenset(p for p, o in outcomes.items() if getattr(o, "reason", "") == SAT_OUT)
         for peer, outcome in outcomes.items():
             if not isinstance(outcome, ExchangeResult):
                 log.info(
@@ -300,6 +302,7 @@ class GossipMixer:
             clipped=len(clip.clipped),
             rescaled=len(clip.rescaled),
             setup=setup,
+            excused=excused,
         )
 
     def _parts(self, elapsed: float, slowest: ExchangeResult | None) -> dict[str, float]:

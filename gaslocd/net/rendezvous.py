@@ -181,6 +181,10 @@ class RoundBoard:
         # Our round, offer or not (a round without partners, sitting out, opens none): a
         # caller's "too far ahead" counts from it, not from the last round we offered.
         self.current: int | None = None
+        # The rounds we announced we sit out of ([first, until)): a caller paired with us
+        # there read our record before the announcement, and is told so at once instead
+        # of waiting for an offer that will not come (its round is excused, not failed).
+        self.sitting_out = range(0)
 
     @property
     def latest_round(self) -> int | None:
@@ -251,6 +255,9 @@ class RoundBoard:
                     raise Refusal("future-round", f"round {round_} is too far ahead of {ours}")
                 if round_ == offer.round:
                     return self._claim_in(offer, sender)
+            if round_ in self.sitting_out:
+                until = self.sitting_out.stop
+                raise Refusal("sitting-out", f"we sit out of the pairings until round {until}")
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise Refusal(

@@ -37,6 +37,7 @@ _CODES: dict[str, grpc.StatusCode] = {
     "round-closed": grpc.StatusCode.FAILED_PRECONDITION,
     "not-a-partner": grpc.StatusCode.FAILED_PRECONDITION,
     "wrong-direction": grpc.StatusCode.FAILED_PRECONDITION,
+    "sitting-out": grpc.StatusCode.FAILED_PRECONDITION,
     "roster-mismatch": grpc.StatusCode.FAILED_PRECONDITION,
     "wrong-sender": grpc.StatusCode.FAILED_PRECONDITION,
     "codec-not-allowed": grpc.StatusCode.FAILED_PRECONDITION,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from gaslocd.algorithm.outer import renormalized_weights
@@ -50,6 +50,9 @@ RESYNC_AFTER_FAILED_ROUNDS = 3
 # states over the very link that was too slow: it does not count as a failed round. Every
 # other drop does (a refusal: the norm bound, a mismatch, a partner gone).
 LATE_DROPS = frozenset({"deadline", "cancelled", "refused:timeout", "refused:future-round"})
+# A partner that announced it sits this round out (our roster read came before that):
+# a round with such a partner only is not a failed one (RoundPolicy.should_resync).
+SAT_OUT = "refused:sitting-out"
 
 
 def mendable_drops(reasons: Sequence[str]) -> int:
@@ -266,7 +269,13 @@ class RoundPolicy:
             return 0.0  # truly alone: nobody to keep pace with
         return max(0.0, min(setup.target_round_s - elapsed_s, setup.target_round_s))
 
-    def should_resync(self, setup: RoundSetup, exchanged: int, long_failed: int = 0) -> bool:
+    def should_resync(
+        self,
+        setup: RoundSetup,
+        exchanged: int,
+        long_failed: int = 0,
+        excused: Collection[str] = (),
+    ) -> bool:
         """Count rounds with partners and no exchange; True when it is time to resync.
 
         Long exchanges count when they end, rounds later: the caller adds those that
@@ -275,8 +284,10 @@ class RoundPolicy:
         peer whose only fault is a slow link, by a state fetch over that link. Dropped
         ones count (refused for drifting beyond the norm bound, only a resync helps),
         except those that only ran out of time (:data:`LATE_DROPS`: the caller leaves
-        them out of ``long_failed``)."""
-        if all(p in setup.long for p in setup.partners) and not exchanged and not long_failed:
+        them out of ``long_failed``). ``excused``: partners that told us they sit the round
+        out (:data:`SAT_OUT`): our view was a heartbeat old, nothing a state would mend."""
+        partners = [p for p in setup.partners if p not in excused]
+        if all(p in setup.long for p in partners) and not exchanged and not long_failed:
             return False
         if (not setup.partners and not long_failed) or exchanged:
             self.failed_rounds = 0

@@ -192,6 +192,35 @@ def test_a_round_we_sat_out_counts_for_how_far_ahead_a_caller_may_be() -> None:
     run(scenario())
 
 
+def test_a_caller_in_a_round_we_sit_out_is_told_so_at_once() -> None:
+    """A partner whose roster predates our sit-out (our record crosses the slow link
+    late) calls us in a round we sit out: refused at once, not after its wait for an
+    offer that will not come; our own round, and the round we rejoin, are unaffected."""
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            board = RoundBoard("m", round_lead=2)
+            board.at(3)
+            board.sitting_out = range(4, 8)  # decided in round 3: free from round 8
+            early = asyncio.ensure_future(board.claim(3, "a", timeout_s=5))  # round 3's
+            await asyncio.sleep(0)
+            with pytest.raises(Refusal, match="until round 8") as out:
+                await board.claim(4, "a", timeout_s=60)
+            assert out.value.reason == "sitting-out"
+            board.open(_offer(3, {"a": "x"}, pool))  # the long exchange of round 3
+            assert (await early).round == 3
+            board.at(7)
+            with pytest.raises(Refusal, match="sitting-out"):
+                await board.claim(7, "a", timeout_s=60)
+            back = asyncio.ensure_future(board.claim(8, "a", timeout_s=5))
+            await asyncio.sleep(0)
+            assert not back.done()
+            board.open(_offer(8, {"a": "x"}, pool))
+            assert (await back).round == 8
+
+    run(scenario())
+
+
 # -- streams ---------------------------------------------------------------------------
 
 

@@ -196,6 +196,19 @@ def test_long_exchanges_that_only_ran_out_of_time_never_resync_a_slow_link() -> 
     assert decisions == [False] * (RESYNC_AFTER_FAILED_ROUNDS - 1) + [True]
 
 
+def test_a_partner_that_says_it_sits_the_round_out_is_no_failure() -> None:
+    """Our roster predated a slow peer's sit-out: it refused us as sitting out. Only a
+    fresher record mends that, not a state fetch; other partners still count."""
+    policy = RoundPolicy("a", record_ttl_s=15.0, h_upper=40)
+    setup = _setup()
+    partner = next(iter(setup.partners))
+    assert not any(
+        policy.should_resync(setup, 0, excused={partner})
+        for _ in range(3 * RESYNC_AFTER_FAILED_ROUNDS)
+    )
+    assert [policy.should_resync(setup, 0) for _ in range(RESYNC_AFTER_FAILED_ROUNDS)][-1]
+
+
 def test_resync_asks_typical_peers_first_not_the_most_advanced() -> None:
     # Others b (9), c (7): the median (low) is 7, so c first (docs/design.md §3).
     records = [_rec("a", 5), _rec("b", 9), _rec("c", 7)]
