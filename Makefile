@@ -26,8 +26,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test,dev,bench]"
 	touch $@
 
+# Two test processes (pytest-xdist): the daemon tests wait on the DHT, the wire and their
+# children more than they compute, so one process leaves a core idle half the time.
+# TEST_WORKERS=0 runs them in this process (a debugger, -x).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # The main job: real daemons (real DHT, real gRPC) on 127.0.0.1 training the tiny model
 # on Python's own sources; a line per daemon per round, then a summary.
