@@ -29,11 +29,15 @@ EWMA = 0.3  # weight of the newest measurement
 # The most rounds a long exchange may span: a slow link's k stays well under it, and a
 # partner's header claiming more (a hostile insider's) is cut to it.
 MAX_LONG_ROUNDS = 8
+# A link carries θ̃ within a round when its transfer takes at most this share of the
+# budget. The exchange starts when the later partner's round ends, and step time (so T)
+# moves with the machine's load: on real daemons a q4 θ̃ planned at 0.9 T missed most of
+# its rounds and its partners waited for it (bench/results/network_stragglers.md, 3×).
+FIT = 0.8
 # Hysteresis of "too slow for a round": a link (or our own) classified long stays long
-# until its strongest codec's transfer is under this share of the budget. Step time, and
-# so T, moves with the machine's load; without it a borderline link flips between long
-# and regular, and a regular exchange planned in an unlucky round misses its deadline.
-STAY_LONG = 0.8
+# until its strongest codec's transfer is under this share of the budget. Without it a
+# borderline link flips between long and regular with the load from round to round.
+STAY_LONG = 0.6
 
 
 def ewma(old: float | None, new: float) -> float:
@@ -143,8 +147,8 @@ def plan_links(
     was_long: Collection[str] = (),
     was_slow: bool = False,
 ) -> LinkPlan:
-    """Per partner, the codec that carries θ̃ within ``budget_s`` (the next round's
-    compute when overlapped), from the *published* rates of both ends: both sides read the
+    """Per partner, the codec that carries θ̃ within ``FIT`` of ``budget_s`` (the next
+    round's compute when overlapped), from the *published* rates of both ends: both sides read the
     same records, so both classify the link alike. Under overlap a link that not even the
     strongest codec crosses in budget becomes a long exchange of k rounds, mixed when it
     lands; and when it is *our own* link that is too slow (``own_rate``: what we know of
@@ -159,7 +163,7 @@ def plan_links(
     for q in partners:
         rates = [x for x in (own, q.bandwidth_bytes_per_s) if x > 0]
         rate = min(rates) if rates else None
-        choice = choose_codec(ladder, numel, rate, budget_s)
+        choice = choose_codec(ladder, numel, rate, FIT * budget_s)
         strict = choose_codec(ladder[-1:], numel, rate, STAY_LONG * budget_s)
         if q.peer_id in was_long and choice.fits and not strict.fits:
             choice = strict  # still long unless clearly faster now
@@ -167,7 +171,7 @@ def plan_links(
         if overlap and not choice.fits and choice.transfer_s is not None:
             long[q.peer_id] = min(max(2, math.ceil(choice.transfer_s / budget_s)), MAX_LONG_ROUNDS)
     mine = own if own_rate is None else own_rate
-    limit = STAY_LONG * budget_s if was_slow else budget_s
+    limit = (STAY_LONG if was_slow else FIT) * budget_s
     slow = mine > 0 and transfer_s(ladder[-1], numel, mine) > limit
     free_from = round_ + max(long.values()) if long and slow else 0
     return LinkPlan(codecs, long, free_from)
