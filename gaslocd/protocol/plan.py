@@ -148,9 +148,9 @@ def plan_links(
     was_slow: bool = False,
 ) -> LinkPlan:
     """Per partner, the codec that carries θ̃ within ``FIT`` of ``budget_s`` (the next
-    round's compute when overlapped), from the *published* rates of both ends: both sides read the
-    same records, so both classify the link alike. Under overlap a link that not even the
-    strongest codec crosses in budget becomes a long exchange of k rounds, mixed when it
+    round's compute when overlapped), from the *published* rates of both ends: both sides
+    read the same records, so both classify the link alike. Under overlap a link that not
+    even the strongest codec crosses so becomes a long exchange of k rounds, mixed when it
     lands; and when it is *our own* link that is too slow (``own_rate``: what we know of
     it, :meth:`LinkEstimates.known_own_rate`; None: our record's), we sit out of the
     pairings for those k rounds (``free_from``), so that nobody waits for us meanwhile.
