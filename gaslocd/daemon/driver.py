@@ -70,6 +70,7 @@ class RoundDriver:
         acct = TimeAccount()
         began = self.mark  # the previous round's end: rounds tile the wall-clock
         records = await self.membership.round_roster()
+        read_s = rt.clock() - began
         rt.policy.observe_roster(rt.clock(), records)
         t = self._catch_up(rt.state.round, records)
         rt.server.board.at(t)  # callers count rounds ahead from ours, offer or not
@@ -77,19 +78,9 @@ class RoundDriver:
         rt.spawn(self.membership.publish())  # peers pace and catch up on our current round
         acct.add("fill", paced[1])
         acct.add("roster", rt.clock() - began - paced[1])
-        setup = plan_this_round(
-            rt.algo,
-            rt.cfg.run_id,
-            rt.me,
-            t,
-            _own_record_fresh(records, rt.me, rt.free_from, rt.links.own_bandwidth()),
-            rt.links,
-            rt.message_bytes,
-            rt.cfg.exchange_deadline_s,
-            ladder=self.ladder,
-            numel=rt.state.numel,
-            rate_hints=rt.server.rate_hints,
-        )
+        # The `roster` activity's parts, for the run's JSON (a bench's diagnosis).
+        parts = {"read": read_s, "pace": rt.clock() - began - paced[1] - read_s}
+        setup = self._plan(t, records)
         self._sit_out_if(setup)
         losses, mixed, exchange_began = await self._train_and_mix(setup, acct)
         losses = paced[0] + losses
@@ -97,11 +88,11 @@ class RoundDriver:
         done, dropped = mixed.exchanged + self.long_landed, self.long_dropped
         resync = rt.policy.should_resync
         if mixed.setup is not None and resync(mixed.setup, done, dropped, mixed.excused):
-            await self._timed(acct, "roster", self.membership.resync(records))
+            await self._roster_part(acct, parts, "resync", self.membership.resync(records))
         exchange_s = rt.clock() - exchange_began
         pause = rt.policy.solo_wait_s(setup, rt.clock() - began, rt.clock())
         if pause > 0:  # a partnerless round lasts T (docs/design.md §1)
-            await self._timed(acct, "roster", asyncio.sleep(pause))
+            await self._roster_part(acct, parts, "pause", asyncio.sleep(pause))
         val = await self._timed(acct, "eval", self._evaluate_if_due())
         if rt.cfg.checkpoint_dir and rt.state.round % rt.cfg.checkpoint_every == 0:
             await self._timed(acct, "checkpoint", self.checkpoint())
@@ -126,9 +117,26 @@ class RoundDriver:
             overlapped=self.overlapped,
             long_landed=self.long_landed,
             landed_after=self.landed_after if mixed.setup is not None else None,
+            roster_parts=parts,
         )
         self.long_landed = self.long_dropped = 0
         rt.progress(rt.telemetry.finish_round(outcome, rt.links, rt.state.round))
+
+    def _plan(self, t: int, records: list[PeerRecord]) -> RoundSetup:
+        rt = self.rt
+        return plan_this_round(
+            rt.algo,
+            rt.cfg.run_id,
+            rt.me,
+            t,
+            _own_record_fresh(records, rt.me, rt.free_from, rt.links.own_bandwidth()),
+            rt.links,
+            rt.message_bytes,
+            rt.cfg.exchange_deadline_s,
+            ladder=self.ladder,
+            numel=rt.state.numel,
+            rate_hints=rt.server.rate_hints,
+        )
 
     @property
     def overlapped(self) -> bool:
@@ -265,6 +273,15 @@ class RoundDriver:
             return await job
         finally:
             acct.add(activity, self.rt.clock() - began)
+
+    async def _roster_part(
+        self, acct: TimeAccount, parts: dict[str, float], part: str, job: Awaitable[None]
+    ) -> None:
+        began = self.rt.clock()
+        try:
+            await self._timed(acct, "roster", job)
+        finally:
+            parts[part] = self.rt.clock() - began
 
     def _catch_up(self, t: int, records: list[PeerRecord]) -> int:
         ahead = self.rt.policy.catch_up(t, records)

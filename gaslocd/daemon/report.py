@@ -66,6 +66,7 @@ class RunLog:
                 "consensus": out.consensus,
                 "round_s": round_s,
                 "time": dict(acct.seconds),  # by activity; sums to round_s
+                "roster_parts": dict(out.roster_parts or {}),  # time["roster"] by part
                 "training_share": acct.training_share(),
                 "idle_s": acct.idle_s(),  # not training
                 "compute_s": acct.training_s(),  # the inner steps, filling the wait included

@@ -37,6 +37,8 @@ class RoundOutcome:
     overlapped: bool = False  # then ``mixed`` None: nothing landed (the first round)
     long_landed: int = 0  # long exchanges (of earlier rounds) mixed this round
     landed_after: int | None = None  # overlap: this round's steps before that mix landed
+    # The `roster` activity by part: read, pace, and when they happened resync, pause.
+    roster_parts: dict[str, float] | None = None
 
     @property
     def mixed_setup(self) -> RoundSetup | None:

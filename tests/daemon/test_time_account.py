@@ -76,6 +76,9 @@ def test_a_late_partner_shows_up_as_waiting_and_the_account_sums_to_the_wall_clo
     assert len(rounds) == 14
     for r in rounds:
         assert sum(r["time"].values()) == pytest.approx(r["round_s"], rel=1e-6)
+        # `roster` by part (read, pace, resync, pause): what a bench reads to say why
+        assert set(r["roster_parts"]) >= {"read", "pace"}, r
+        assert sum(r["roster_parts"].values()) == pytest.approx(r["time"]["roster"], abs=2e-3)
         assert r["training_share"] == pytest.approx(
             (r["time"]["train"] + r["time"]["fill"]) / r["round_s"]
         )
