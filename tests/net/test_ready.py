@@ -169,4 +169,10 @@ def test_the_peer_behind_nat_places_the_call_and_both_ends_agree() -> None:
     assert isinstance(at_b, ExchangeResult) and at_b.role == "dial"
     assert torch.equal(at_a.theta, torch.arange(16, dtype=torch.float32) + 1)
     at_a, at_b = asyncio.run(exchange(None))  # a goes by the id rule: it calls b too
-    assert isinstance(at_b, ExchangeFailure) and at_b.reason == "refused:wrong-direction"
+    # Both call, both are refused. The first call to arrive finds its callee's round open
+    # and is told wrong-direction; the other may arrive after the callee, its own call
+    # refused, has closed the round (round-closed: seen in CI under load).
+    reasons = {getattr(at_a, "reason", None), getattr(at_b, "reason", None)}
+    assert isinstance(at_a, ExchangeFailure) and isinstance(at_b, ExchangeFailure)
+    assert "refused:wrong-direction" in reasons, reasons
+    assert reasons <= {"refused:wrong-direction", "refused:round-closed"}, reasons
