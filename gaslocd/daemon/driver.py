@@ -77,9 +77,10 @@ class RoundDriver:
         records, paced = await self._pace(t, records)
         rt.spawn(self.membership.publish())  # peers pace and catch up on our current round
         acct.add("fill", paced[1])
-        acct.add("roster", rt.clock() - began - paced[1])
+        roster_s = rt.clock() - began - paced[1]
+        acct.add("roster", roster_s)
         # The `roster` activity's parts, for the run's JSON (a bench's diagnosis).
-        parts = {"read": read_s, "pace": rt.clock() - began - paced[1] - read_s}
+        parts = {"read": read_s, "pace": roster_s - read_s}
         setup = self._plan(t, records)
         self._sit_out_if(setup)
         losses, mixed, exchange_began = await self._train_and_mix(setup, acct)
@@ -279,9 +280,10 @@ class RoundDriver:
     ) -> None:
         began = self.rt.clock()
         try:
-            await self._timed(acct, "roster", job)
+            await job
         finally:
             parts[part] = self.rt.clock() - began
+            acct.add("roster", parts[part])
 
     def _catch_up(self, t: int, records: list[PeerRecord]) -> int:
         ahead = self.rt.policy.catch_up(t, records)

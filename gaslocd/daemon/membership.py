@@ -21,7 +21,7 @@ from gaslocd.algorithm.robust import distance, norm_of
 from gaslocd.daemon.prefetch import RosterPrefetch
 from gaslocd.daemon.runtime import Runtime
 from gaslocd.net.discovery import DiscoveryError
-from gaslocd.net.state import PeerState, state_read_s
+from gaslocd.net.state import PeerState, state_nbytes, state_read_s
 from gaslocd.net.tasks import cancelled
 from gaslocd.protocol.plan import STATE_FETCH
 from gaslocd.protocol.policy import (
@@ -275,12 +275,13 @@ class Membership:
         ``errors``, if not); a peer refusing our token is a startup error."""
         rt = self.rt
         expected = {"theta": rt.state.numel, "outer_momentum": rt.state.numel}
+        nbytes = state_nbytes(expected.values())
         began = rt.clock()
         try:
             state = await rt.server.client.fetch_state(
                 record.address,
                 expected,
-                state_read_s(8 * rt.state.numel, STATE_FETCH_TIMEOUT_S),
+                state_read_s(nbytes, STATE_FETCH_TIMEOUT_S),
                 peer=record.peer_id,
             )
         except grpc.aio.AioRpcError as exc:
@@ -295,7 +296,7 @@ class Membership:
             return None
         # The first measure of our link (two float32 models): a newcomer's first codec
         # per link is then sized to it, not guessed (gaslocd.protocol.plan.plan_links).
-        rt.links.record_transfer(STATE_FETCH, rt.clock() - began, 8 * rt.state.numel)
+        rt.links.record_transfer(STATE_FETCH, rt.clock() - began, nbytes)
         theta, momentum = state.tensors["theta"], state.tensors["outer_momentum"]
         norms = await rt.thread.call(lambda: (norm_of(theta), norm_of(momentum)))
         refusal = state_refusal(record, state.round, *norms)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -72,8 +72,9 @@ def _bytes_of(t: torch.Tensor) -> np.ndarray:
     return t.detach().view(torch.uint8).numpy()
 
 
-def state_nbytes(state: PeerState) -> int:
-    return sum(4 * t.numel() for t in state.tensors.values())
+def state_nbytes(numels: Iterable[int]) -> int:
+    """The bytes of a state whose tensors have these sizes (float32 on the wire)."""
+    return 4 * sum(numels)
 
 
 async def send_state(
@@ -97,7 +98,8 @@ async def send_state(
         chunk_bytes=config.chunk_bytes,
         extra=state.extra,
     )
-    async with asyncio.timeout(state_read_s(state_nbytes(state), config.accept_wait_s)):
+    nbytes = state_nbytes(t.numel() for t in state.tensors.values())
+    async with asyncio.timeout(state_read_s(nbytes, config.accept_wait_s)):
         first = frame_state_header(header)
         await bounded(first)
         sent = len(first)
