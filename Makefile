@@ -26,10 +26,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test,dev,bench]"
 	touch $@
 
-# Two test processes (pytest-xdist): the daemon tests wait on the DHT, the wire and their
-# children more than they compute, so one process leaves a core idle half the time.
-# TEST_WORKERS=0 runs them in this process (a debugger, -x).
-TEST_WORKERS ?= 2
+# TEST_WORKERS=2 runs the tests in two processes (pytest-xdist): 12-13 min instead of 17-20
+# on 2 cores, but two fresh-clone runs of it failed DHT start-ups (120 s) in
+# tests/security: not understood yet, so one process stays the default.
+TEST_WORKERS ?= 0
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
