@@ -22,22 +22,23 @@ from gaslocd.protocol.account import TimeAccount
 from gaslocd.protocol.linkcodec import codec_ladder
 from gaslocd.protocol.plan import RoundSetup, plan_this_round
 from gaslocd.protocol.records import PeerRecord
+from gaslocd.protocol.sitout import SitOut
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 def _own_record_fresh(
-    records: list[PeerRecord], me: str, free_from: int, rate: float
+    records: list[PeerRecord], me: str, sit: SitOut, rate: float
 ) -> list[PeerRecord]:
-    """The roster with our own sit-out and link rate as we know them now (the DHT may
-    still show an older record of ours: a sit-out must leave us out of the pairing when
-    the others do, and our link's rate is ours to know first)."""
+    """The roster with our own sit-out schedule and link rate as we know them now (the
+    DHT may still show an older record of ours: a sit-out must leave us out of the
+    pairing when the others do, and our link's rate is ours to know first)."""
     out = []
     for r in records:
         if r.peer_id == me:
             rate = rate or r.bandwidth_bytes_per_s
-            r = replace(r, free_from=max(r.free_from, free_from), bandwidth_bytes_per_s=rate)
+            r = replace(r, free_from=sit.free_from, sit_every=sit.every, bandwidth_bytes_per_s=rate)
         out.append(r)
     return out
 
@@ -130,7 +131,7 @@ class RoundDriver:
             rt.cfg.run_id,
             rt.me,
             t,
-            _own_record_fresh(records, rt.me, rt.free_from, rt.links.own_bandwidth()),
+            _own_record_fresh(records, rt.me, rt.sit, rt.links.own_bandwidth()),
             rt.links,
             rt.message_bytes,
             rt.cfg.exchange_deadline_s,
@@ -201,19 +202,23 @@ class RoundDriver:
         return records, (losses, rt.clock() - began)
 
     def _sit_out_if(self, setup: RoundSetup) -> None:
-        """Our link cannot carry θ̃ in a round: announce at once that we sit out of the
-        pairings until our long exchange lands, so every peer leaves us out alike."""
+        """Our link cannot carry θ̃ in a round (or can again): announce the schedule of
+        rounds we are paired in (gaslocd.protocol.sitout), so every peer leaves us out
+        alike while our long exchange crosses."""
         rt = self.rt
-        if setup.free_from > rt.free_from:
-            rt.free_from = setup.free_from
-            rt.server.board.sitting_out = range(setup.round + 1, setup.free_from)
+        sit = rt.sit.after(setup.round, setup.sit_every)
+        if sit != rt.sit:
+            rt.sit = sit
+            rt.server.board.sit_out(sit, setup.round)
             rt.spawn(self.membership.publish())
-            k, until = setup.free_from - setup.round, setup.free_from + 1
             rt.progress(
-                f"round {setup.round + 1}: our link needs {k} rounds per exchange; "
-                f"sitting out of the pairings until round {until}"
+                f"round {setup.round + 1}: our link needs {sit.every} rounds per exchange; "
+                f"paired every {sit.every} rounds from round {sit.free_from}"
+                if sit.periodic
+                else f"round {setup.round + 1}: our link carries θ̃ within a round again; "
+                f"paired every round from round {sit.free_from}"
             )
-        rt.telemetry.metrics.sitting_out.set(1 if rt.free_from > setup.round else 0)
+        rt.telemetry.metrics.sitting_out.set(0 if rt.sit.takes_part(setup.round + 1) else 1)
 
     async def _overlapped(self, setup: RoundSetup, early: MixResult | None) -> MixResult:
         """Land the previous round's exchange (its delayed outer step) unless it landed

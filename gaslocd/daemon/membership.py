@@ -107,7 +107,8 @@ class Membership:
             version=__version__,
             started_at=rt.telemetry.runlog.started_at,
             active_from=rt.active_from,
-            free_from=rt.free_from,
+            free_from=rt.sit.free_from,
+            sit_every=rt.sit.every,
             reachable=rt.reachable,
         )
 

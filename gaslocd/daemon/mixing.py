@@ -26,6 +26,7 @@ from gaslocd.protocol.linkcodec import message_bytes
 from gaslocd.protocol.plan import MAX_LONG_ROUNDS, RoundSetup
 from gaslocd.protocol.policy import SAT_OUT, counted_exchanges, mendable_drops, mixing_row
 from gaslocd.protocol.records import PeerRecord
+from gaslocd.protocol.sitout import SitOut
 from gaslocd.train.device import on_host
 
 log = logging.getLogger(__name__)
@@ -142,8 +143,8 @@ class GossipMixer:
             if self.roster is not None and not all(rounds.values()):  # the DHT only if needed
                 records = {r.peer_id: r for r in await self.roster()}
                 for p in running:
-                    free = records[p].free_from if p in records else 0
-                    rounds[p] = max(rounds[p], free - setup.round)
+                    hold = SitOut.of(records[p]).hold_after(setup.round) if p in records else 0
+                    rounds[p] = max(rounds[p], hold)
             room = MAX_LONG_FLIGHTS - len(self.long) - len(setup.long)
             more = {p: setup.kept_s(k) for p, k in rounds.items() if k > 0}
             more = dict(list(more.items())[: max(0, room)])

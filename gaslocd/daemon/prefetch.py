@@ -14,7 +14,7 @@ current as one read at the round start would be, give or take a heartbeat). Whil
 round has not started, the read is repeated before the last one gets that old (a fill
 or a late partner can make a round outlast a heartbeat), one read at a time. The rules
 built on the roster tolerate that age by design: newcomers and sit-outs are announced
-rounds ahead (``active_from``, ``free_from``), a peer's round seen a little old makes
+rounds ahead (``active_from``, a sit-out schedule), a peer's round seen a little old makes
 pacing re-read, and peers start their rounds at different times anyway. A read in
 flight at the round start is waited for, however long it has run; anything else (no
 prefetch scheduled, its read not begun, too old, failed) falls back to reading now, as

@@ -22,6 +22,7 @@ from gaslocd.net.roster_auth import peer_id_of_owner
 from gaslocd.net.server import ExchangeServer
 from gaslocd.protocol.plan import LinkEstimates
 from gaslocd.protocol.policy import RoundPolicy
+from gaslocd.protocol.sitout import SitOut
 from gaslocd.train.worker import Worker
 
 _T = TypeVar("_T")
@@ -64,7 +65,9 @@ class Runtime:
     message_bytes: int = 0
     address: str = ""
     active_from: int = 0
-    free_from: int = 0  # sitting out of the pairings until this round (a slow link)
+    sit: SitOut = field(
+        default_factory=SitOut
+    )  # our sit-out schedule (a slow link: gaslocd.protocol.sitout)
     reachable: bool = True  # others can dial our gRPC port (daemon/reach.py decides)
     dht_serving: bool = True  # our DHT node serves others (not behind NAT)
     stopping: bool = False

@@ -30,6 +30,7 @@ import torch
 from gaslocd.net.stream import OutgoingMessage
 from gaslocd.net.validation import Refusal
 from gaslocd.protocol.plan import MAX_LONG_ROUNDS
+from gaslocd.protocol.sitout import SitOut
 
 log = logging.getLogger(__name__)
 MAX_RATE_HINTS = 1024  # partners whose declared link rate is remembered
@@ -181,10 +182,15 @@ class RoundBoard:
         # Our round, offer or not (a round without partners, sitting out, opens none): a
         # caller's "too far ahead" counts from it, not from the last round we offered.
         self.current: int | None = None
-        # The rounds we announced we sit out of ([first, until)): a caller paired with us
-        # there read our record before the announcement, and is told so at once instead
-        # of waiting for an offer that will not come (its round is excused, not failed).
-        self.sitting_out = range(0)
+        # The sit-out schedule we announced: a caller paired with us in a round it leaves
+        # us out of read our record before the announcement, and is told so at once
+        # instead of waiting for an offer that will not come (its round is excused). It
+        # holds for the rounds after the one that decided it (see sit_out).
+        self.sitting_out, self._sit_after = SitOut(), 0
+
+    def sit_out(self, schedule: SitOut, decided_in: int) -> None:
+        """Our round ``decided_in`` announced ``schedule`` for the rounds after it."""
+        self.sitting_out, self._sit_after = schedule, decided_in
 
     @property
     def latest_round(self) -> int | None:
@@ -255,8 +261,8 @@ class RoundBoard:
                     raise Refusal("future-round", f"round {round_} is too far ahead of {ours}")
                 if round_ == offer.round:
                     return self._claim_in(offer, sender)
-            if round_ in self.sitting_out:
-                until = self.sitting_out.stop
+            if round_ > self._sit_after and not self.sitting_out.takes_part(round_):
+                until = self.sitting_out.next_paired(round_)
                 raise Refusal("sitting-out", f"we sit out of the pairings until round {until}")
             remaining = deadline - loop.time()
             if remaining <= 0:

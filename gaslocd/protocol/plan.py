@@ -20,6 +20,7 @@ from gaslocd.algorithm.topology import RoundPlan, dialer, plan_round, roster_dig
 from gaslocd.config import AlgoConfig
 from gaslocd.protocol.linkcodec import choose_codec, transfer_s
 from gaslocd.protocol.records import PeerRecord
+from gaslocd.protocol.sitout import takes_part
 
 STATE_FETCH = "state-fetch"  # the link estimate key of a newcomer's state fetch
 # Before anything is measured, an exchange may take this long.
@@ -56,9 +57,10 @@ class LinkEstimates:
     transfer_s: dict[str, float] = field(default_factory=dict)
     bandwidth: dict[str, float] = field(default_factory=dict)  # bytes/s per partner
     # What our last plan with partners decided (plan_this_round keeps it): the partners
-    # whose link it made long, and whether our own link was too slow (the hysteresis).
+    # whose link it made long, and the rounds our own link needed per exchange (0: it
+    # fitted one), their hysteresis.
     long_links: frozenset[str] = frozenset()
-    own_slow: bool = False
+    own_every: int = 0
 
     def record_step_time(self, seconds: float) -> None:
         self.step_time_s = ewma(self.step_time_s, seconds)
@@ -104,7 +106,9 @@ class RoundSetup:
     # the rounds a long exchange takes when even the strongest codec misses a round.
     codecs: dict[str, str] = field(default_factory=dict)
     long: dict[str, int] = field(default_factory=dict)
-    free_from: int = 0  # > round: we sit out of the pairings until then (our link is slow)
+    # Rounds our own link needs per exchange (k >= 2: we sit out between pairings, see
+    # gaslocd.protocol.sitout; 0: it fits a round); None: no link planned this round.
+    sit_every: int | None = None
     # Which of this round's partners, and ourselves, are behind NAT (by their records):
     # who dials whom (algorithm.topology.dialer), and whose Ready must be asked for.
     unreachable: frozenset[str] = frozenset()
@@ -125,14 +129,19 @@ class RoundSetup:
 
 def active_roster(records: Sequence[PeerRecord], round_: int) -> list[PeerRecord]:
     """Records that take part in ``round_``: active, and not sitting out."""
-    return [r for r in records if r.active_from <= round_ and r.free_from <= round_]
+    return [r for r in records if takes_part(r, round_)]
 
 
 @dataclass(frozen=True)
 class LinkPlan:
     codecs: dict[str, str]
     long: dict[str, int]
-    free_from: int
+    sit_every: int | None  # rounds our own link needs per exchange (0: fits one)
+
+
+def rounds_needed(transfer: float, budget_s: float) -> int:
+    """The rounds a long exchange spans: at least 2, at most ``MAX_LONG_ROUNDS``."""
+    return min(max(2, math.ceil(transfer / budget_s)), MAX_LONG_ROUNDS)
 
 
 def plan_links(
@@ -145,17 +154,19 @@ def plan_links(
     budget_s: float,
     overlap: bool,
     was_long: Collection[str] = (),
-    was_slow: bool = False,
+    was_every: int = 0,
 ) -> LinkPlan:
     """Per partner, the codec that carries θ̃ within ``FIT`` of ``budget_s`` (the next
     round's compute when overlapped), from the *published* rates of both ends: both sides
     read the same records, so both classify the link alike. Under overlap a link that not
     even the strongest codec crosses so becomes a long exchange of k rounds, mixed when it
     lands; and when it is *our own* link that is too slow (``own_rate``: what we know of
-    it, :meth:`LinkEstimates.known_own_rate`; None: our record's), we sit out of the
-    pairings for those k rounds (``free_from``), so that nobody waits for us meanwhile.
-    ``was_long`` / ``was_slow``: what our last plan decided; such a link (or our own)
-    stays long until it crosses in ``STAY_LONG`` of the budget.
+    it, :meth:`LinkEstimates.known_own_rate`; None: our record's), we are paired only
+    every k rounds (``sit_every``, :mod:`gaslocd.protocol.sitout`), so that nobody waits
+    for us meanwhile. ``was_long`` / ``was_every``: what our last plan decided; such a
+    link (or our own) stays long until it crosses in ``STAY_LONG`` of the budget, and our
+    k shrinks only when the smaller one holds with that margin too (each change of k is
+    a new schedule that every peer must read).
     """
     codecs: dict[str, str] = {}
     long: dict[str, int] = {}
@@ -169,12 +180,15 @@ def plan_links(
             choice = strict  # still long unless clearly faster now
         codecs[q.peer_id] = choice.codec
         if overlap and not choice.fits and choice.transfer_s is not None:
-            long[q.peer_id] = min(max(2, math.ceil(choice.transfer_s / budget_s)), MAX_LONG_ROUNDS)
+            long[q.peer_id] = rounds_needed(choice.transfer_s, budget_s)
     mine = own if own_rate is None else own_rate
-    limit = (STAY_LONG if was_slow else FIT) * budget_s
+    limit = (STAY_LONG if was_every else FIT) * budget_s
     slow = mine > 0 and transfer_s(ladder[-1], numel, mine) > limit
-    free_from = round_ + max(long.values()) if long and slow else 0
-    return LinkPlan(codecs, long, free_from)
+    every = max(long.values()) if long and slow else 0
+    if 0 < every < was_every:
+        ours = transfer_s(ladder[-1], numel, mine) * FIT / STAY_LONG
+        every = max(every, min(was_every, rounds_needed(ours, budget_s)))
+    return LinkPlan(codecs, long, every if partners else None)
 
 
 def _remembered(
@@ -190,10 +204,10 @@ def _remembered(
     """:func:`plan_links` with our last decisions as its hysteresis, which it updates."""
     plan = plan_links(
         round_, me, partners, links.known_own_rate(), ladder, numel, budget_s, overlap,
-        links.long_links, links.own_slow,
+        links.long_links, links.own_every,
     )  # fmt: skip
     links.long_links = links.long_links - {q.peer_id for q in partners} | set(plan.long)
-    links.own_slow = plan.free_from > 0
+    links.own_every = plan.sit_every or 0
     return plan
 
 
@@ -269,7 +283,7 @@ def plan_this_round(
         inner_steps = choose_inner_steps(
             target, expected, links.step_time_s, algo.h_min, algo.h_upper
         )
-    links_plan = LinkPlan({}, {}, 0)
+    links_plan = LinkPlan({}, {}, None)
     if len(ladder) > 1 and target is not None and partners:
         budget = target - (0.0 if algo.overlap else algo.h_min * (links.step_time_s or 0.0))
         mine = next((r for r in records if r.peer_id == me), None)
@@ -286,7 +300,7 @@ def plan_this_round(
         target_round_s=target,
         codecs=links_plan.codecs,
         long=links_plan.long,
-        free_from=links_plan.free_from,
+        sit_every=links_plan.sit_every,
         **_behind_nat(me, partners, shut),
     )
 

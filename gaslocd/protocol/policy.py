@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from gaslocd.algorithm.outer import renormalized_weights
 from gaslocd.protocol.plan import FIRST_DEADLINE_S, RoundSetup
 from gaslocd.protocol.records import PeerRecord
+from gaslocd.protocol.sitout import SitOut
 
 MAX_LEAD_ROUNDS = 1
 CATCH_UP_ROUNDS = 2
@@ -119,8 +120,9 @@ def resync_sources(records: Sequence[PeerRecord], me: str) -> list[PeerRecord]:
     Not the most advanced: the highest round is what a hostile record claims, and an
     honest peer's state is as good a round behind as a round ahead. Never a peer behind
     NAT (``reachable`` False): nobody can dial it. A peer sitting out of the pairings
-    (``free_from`` ahead of its round: its link cannot carry θ̃ within a round) comes
-    last: two full states over that link took minutes (bench/stragglers_net.py, 10× T).
+    (on a sit-out schedule, or ``free_from`` ahead of its round: its link cannot carry
+    θ̃ within a round) comes last: two full states over that link took minutes
+    (bench/stragglers_net.py, 10× T).
     """
     others = [r for r in records if r.peer_id != me and r.reachable]
     if not others:
@@ -128,8 +130,14 @@ def resync_sources(records: Sequence[PeerRecord], me: str) -> list[PeerRecord]:
     middle = statistics.median_low(r.round for r in others)
     return sorted(
         others,
-        key=lambda r: (r.free_from > r.round, abs(r.round - middle), -r.round, r.peer_id),
+        key=lambda r: (_slow_link(r, r.round), abs(r.round - middle), -r.round, r.peer_id),
     )
+
+
+def _slow_link(record: PeerRecord, round_: int) -> bool:
+    """Whether ``record`` says its link cannot carry θ̃ within a round (at ``round_``)."""
+    schedule = SitOut.of(record)
+    return schedule.periodic or schedule.free_from > round_
 
 
 def state_refusal(
@@ -224,12 +232,13 @@ class RoundPolicy:
         keeps showing us their last records): pacing against them keeps our round from
         racing ahead, so that after the heal our rounds still meet theirs.
         """
-        # A peer sitting out (a slow link, free_from > t) is paired with nobody: nobody
-        # waits for it, and its record, sent over that link, may well lag.
+        # A peer on a sit-out schedule (a slow link) is paired every k rounds at most and
+        # its exchanges are long: nobody waits for it, and its record, sent over that
+        # link, may well lag (it catches up by itself, as anyone behind does).
         others = [
             r
             for r in records
-            if r.peer_id != self.me and r.active_from <= r.round and r.free_from <= t
+            if r.peer_id != self.me and r.active_from <= r.round and not _slow_link(r, t)
         ]
         moving = any(not self.stale(r) for r in others)
         return [

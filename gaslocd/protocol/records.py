@@ -16,7 +16,8 @@ from typing import Any
 WIRE_VERSION = 1
 _MAX_STR = 256  # generous for an address or a digest, small enough that garbage stays cheap
 _MAX_INT = 2**62
-_OPTIONAL = ("started_at", "active_from", "free_from", "reachable")  # added after v1 was in use
+# Added after v1 was in use: a record without them is read with their defaults.
+_OPTIONAL = ("started_at", "active_from", "free_from", "reachable", "sit_every")
 
 # Plausibility bounds for records read from a network (check_plausible). Generous: an
 # honest record must never fail them, an absurd one (round 2**60) must.
@@ -24,6 +25,7 @@ EPOCH = 1_600_000_000.0  # 2020-09-13 UTC: no gaslocd run started before
 MIN_ROUND_S = 0.01  # no round (local steps + an exchange) is faster; loopback does ~0.2 s
 MAX_CLOCK_SKEW_S = 300.0
 MAX_INNER_STEPS = 1_000_000
+MAX_SIT_EVERY = 1024  # rounds between a slow peer's pairings (the protocol caps k far lower)
 MAX_STEP_TIME_S = 3600.0  # one inner step
 MAX_BANDWIDTH_BYTES_PER_S = 1e12  # 8 Tbit/s
 _HOST_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
@@ -51,11 +53,13 @@ class PeerRecord:
     # so that every peer counts it from the same round and computes the same pairing.
     active_from: int = 0
     # A peer whose link cannot carry a model in a round sits out of the pairings until
-    # this round while its long exchange runs (gaslocd.protocol.plan, "Sit out").
+    # this round while its long exchange runs, and from it is paired every ``sit_every``
+    # rounds (gaslocd.protocol.sitout: the schedule every peer reads alike).
     free_from: int = 0
     # False: behind a NAT or firewall that takes no inbound calls. It dials its partners
     # (gaslocd.algorithm.topology.dialer) and is never paired with another such peer.
     reachable: bool = True
+    sit_every: int = 0  # 0 or 1: paired every round from free_from
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -98,6 +102,7 @@ class PeerRecord:
         _check(self.round <= max_round, f"round {self.round} is beyond any run (> {max_round})")
         _check(self.active_from <= max_round, f"active_from {self.active_from} is beyond any run")
         _check(self.free_from <= max_round, f"free_from {self.free_from} is beyond any run")
+        _check(self.sit_every <= MAX_SIT_EVERY, f"sit_every {self.sit_every} is absurd")
         _check(self.inner_steps <= MAX_INNER_STEPS, f"inner_steps {self.inner_steps} is absurd")
         _check(self.step_time_s <= MAX_STEP_TIME_S, f"step time {self.step_time_s} s is absurd")
         _check(

@@ -27,6 +27,7 @@ from gaslocd.protocol.linkcodec import message_bytes as codec_bytes
 from gaslocd.protocol.plan import LinkEstimates, RoundSetup, plan_this_round
 from gaslocd.protocol.policy import RoundPolicy, counted_exchanges, mixing_row, resync_sources
 from gaslocd.protocol.records import PeerRecord
+from gaslocd.protocol.sitout import SitOut
 from gaslocd.sim.clock import (
     DEADLINE,
     FAULT,
@@ -78,7 +79,7 @@ class Schedule:
         if algo.adapt_codec:  # peers start as newcomers to a running run do (see _seed)
             seed_as_newcomers(self.peers, self.net, 2 * message_bytes)
         self.fingerprint = fingerprint
-        self.free_from = [0] * sim.workers
+        self.sit = [SitOut()] * sim.workers  # each peer's sit-out schedule
         self.unreachable = sim.unreachable
         self.records = [self._record(k, 0, algo.inner_steps) for k in range(sim.workers)]
         self.allreduce = algo.topology == "complete"  # DiLoCo: how anyone runs J/n
@@ -97,8 +98,8 @@ class Schedule:
     ) -> PeerRecord:
         """What peer k publishes (as a daemon's ``Membership.record``)."""
         peer = self.peers[k]
-        if setup is not None:  # sitting out: until the round its long exchange lands
-            self.free_from[k] = max(self.free_from[k], setup.free_from)
+        if setup is not None:  # a slow link: paired every k rounds (protocol.sitout)
+            self.sit[k] = self.sit[k].after(setup.round, setup.sit_every)
         return PeerRecord(
             peer_id=peer.peer_id,
             address=f"{peer.peer_id}:1",
@@ -108,7 +109,8 @@ class Schedule:
             step_time_s=float(peer.links.step_time_s or 0.0),
             bandwidth_bytes_per_s=float(peer.links.own_bandwidth()),
             version=__version__,
-            free_from=self.free_from[k],
+            free_from=self.sit[k].free_from,
+            sit_every=self.sit[k].every,
             reachable=k >= self.unreachable,
         )
 

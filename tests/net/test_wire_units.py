@@ -25,6 +25,7 @@ from gaslocd.net.validation import (
     check_static,
     reason_from_details,
 )
+from gaslocd.protocol.sitout import SitOut
 
 T = TypeVar("T")
 
@@ -201,7 +202,7 @@ def test_a_caller_in_a_round_we_sit_out_is_told_so_at_once() -> None:
         with ThreadPoolExecutor(1) as pool:
             board = RoundBoard("m", round_lead=2)
             board.at(3)
-            board.sitting_out = range(4, 8)  # decided in round 3: free from round 8
+            board.sit_out(SitOut(8, 5), 3)  # decided in round 3: paired in 8, 13, ...
             early = asyncio.ensure_future(board.claim(3, "a", timeout_s=5))  # round 3's
             await asyncio.sleep(0)
             with pytest.raises(Refusal, match="until round 8") as out:
@@ -217,6 +218,8 @@ def test_a_caller_in_a_round_we_sit_out_is_told_so_at_once() -> None:
             assert not back.done()
             board.open(_offer(8, {"a": "x"}, pool))
             assert (await back).round == 8
+            with pytest.raises(Refusal, match="until round 13"):  # the schedule goes on
+                await board.claim(9, "a", timeout_s=60)
 
     run(scenario())
 

@@ -13,6 +13,7 @@ def record(
     bandwidth: float = 1e6,
     active_from: int = 0,
     free_from: int = 0,
+    sit_every: int = 0,
 ) -> PeerRecord:
     return PeerRecord(
         peer_id=peer_id,
@@ -25,4 +26,5 @@ def record(
         version="0",
         active_from=active_from,
         free_from=free_from,
+        sit_every=sit_every,
     )

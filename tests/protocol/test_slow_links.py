@@ -41,7 +41,7 @@ def test_a_fast_link_keeps_the_best_codec_and_a_slower_one_steps_down() -> None:
     fast = plan_links(
         5, record("a", bandwidth=1e9), [record("b", bandwidth=1e9)], None, LADDER, NUMEL, 5.0, True
     )
-    assert fast.codecs == {"b": "fp16"} and not fast.long and fast.free_from == 0
+    assert fast.codecs == {"b": "fp16"} and not fast.long and fast.sit_every == 0
     # 20 MB of fp16 at 3 MB/s is 6.7 s > 5 s; int8 (10 MB) takes 3.4 s.
     slower = plan_links(
         5, record("a", bandwidth=1e9), [record("b", bandwidth=3e6)], None, LADDER, NUMEL, 5.0, True
@@ -57,11 +57,11 @@ def test_a_link_no_codec_can_carry_in_a_round_is_long_and_only_its_slow_end_sits
     on_fast = plan_links(7, fast, [slow], None, LADDER, NUMEL, 5.0, True)
     assert on_slow.codecs == {"f": "q4"} and on_fast.codecs == {"s": "q4"}
     assert on_slow.long == {"f": k} and on_fast.long == {"s": k} and k == 3
-    assert on_slow.free_from == 7 + k  # its own link is the slow one: it sits out
-    assert on_fast.free_from == 0  # its partner's link was: it stays in the pairings
+    assert on_slow.sit_every == k  # its own link is the slow one: paired every k rounds
+    assert on_fast.sit_every == 0  # its partner's link was: it stays in the pairings
     # Without overlap nothing runs across rounds: the strongest codec, and no sit-out.
     sequential = plan_links(7, slow, [fast], None, LADDER, NUMEL, 5.0, False)
-    assert sequential.codecs == {"f": "q4"} and not sequential.long and sequential.free_from == 0
+    assert sequential.codecs == {"f": "q4"} and not sequential.long and sequential.sit_every == 0
 
 
 def test_an_unmeasured_link_keeps_the_best_codec() -> None:
@@ -92,7 +92,7 @@ def test_codec_choice_is_off_without_a_ladder() -> None:
     links = LinkEstimates()
     links.record_step_time(0.5)
     setup = plan_this_round(algo, "run", "a", 5, records, links, 2 * NUMEL, None)
-    assert setup.codecs == {} and setup.long == {} and setup.free_from == 0
+    assert setup.codecs == {} and setup.long == {} and setup.sit_every is None
 
 
 def test_a_peer_publishes_its_fastest_measured_link_not_a_slow_partners() -> None:
@@ -108,7 +108,7 @@ def test_one_slow_exchange_does_not_make_a_peer_think_its_own_link_slow() -> Non
     assert links.own_bandwidth() == 1e5 and links.known_own_rate() == 0.0  # not enough
     slow, fast = record("s", bandwidth=5e5), record("f", bandwidth=1e5)
     assert (
-        plan_links(7, fast, [slow], links.known_own_rate(), LADDER, NUMEL, 5.0, True).free_from == 0
+        plan_links(7, fast, [slow], links.known_own_rate(), LADDER, NUMEL, 5.0, True).sit_every == 0
     )
     links.record_transfer("fast-partner", 0.01, 1_000_000)
     assert links.known_own_rate() == 1e8
@@ -139,7 +139,7 @@ def test_a_partners_declared_rate_overrides_its_stale_record_and_k_is_capped() -
     hinted = plan_this_round(*args, ladder=LADDER, numel=NUMEL, rate_hints={"b": 5e5})
     k = math.ceil(transfer_s("q4", NUMEL, 5e5) / (hinted.target_round_s or 0))
     assert hinted.codecs["b"] == "q4" and hinted.long == {"b": k} and k > 1  # as b plans it
-    assert hinted.free_from == 0  # its link is the slow one, not ours: we stay in
+    assert hinted.sit_every == 0  # its link is the slow one, not ours: we stay in
     higher = plan_this_round(*args, ladder=LADDER, numel=NUMEL, rate_hints={"b": 2e9})
     assert higher.codecs["b"] == "fp16"  # the lower of the two sizes the link
     crawl = plan_this_round(*args, ladder=LADDER, numel=NUMEL, rate_hints={"b": 1.0})
@@ -163,9 +163,9 @@ def test_a_long_link_stays_long_until_it_is_clearly_fast_enough() -> None:
     # Our own link: a peer that sat out keeps sitting out within the band.
     mine = record("s", bandwidth=1e6)
     partner = [record("a", bandwidth=1e9)]
-    assert plan_links(9, mine, partner, None, LADDER, NUMEL, border, True).free_from == 0
-    again = plan_links(9, mine, partner, None, LADDER, NUMEL, border, True, ("a",), True)
-    assert again.free_from == 9 + 2
+    assert plan_links(9, mine, partner, None, LADDER, NUMEL, border, True).sit_every == 0
+    again = plan_links(9, mine, partner, None, LADDER, NUMEL, border, True, ("a",), 2)
+    assert again.sit_every == 2
 
 
 def test_a_link_that_would_take_most_of_a_round_is_long_not_regular() -> None:
@@ -177,7 +177,7 @@ def test_a_link_that_would_take_most_of_a_round_is_long_not_regular() -> None:
     on_fast = plan_links(4, fast, [slow], None, LADDER, NUMEL, q4 / 0.9, True)
     on_slow = plan_links(4, slow, [fast], None, LADDER, NUMEL, q4 / 0.9, True)
     assert on_fast.long == {"s": 2} and on_slow.long == {"f": 2}
-    assert on_slow.free_from == 4 + 2 and on_fast.free_from == 0
+    assert on_slow.sit_every == 2 and on_fast.sit_every == 0
     assert not plan_links(4, fast, [slow], None, LADDER, NUMEL, q4 / 0.8, True).long
 
 
@@ -190,7 +190,7 @@ def test_the_plan_remembers_its_long_links_across_rounds() -> None:
     setup = plan_this_round(
         algo, "run", "a", 5, records, links, 2 * NUMEL, None, ladder=LADDER, numel=NUMEL
     )
-    assert setup.long and links.long_links == {"b"} and not links.own_slow
+    assert setup.long and links.long_links == {"b"} and not links.own_every
     records[1] = record("b", 5, bandwidth=1e9)  # b got fast: a regular link again
     plan_this_round(
         algo, "run", "a", 6, records, links, 2 * NUMEL, None, ladder=LADDER, numel=NUMEL

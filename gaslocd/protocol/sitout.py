@@ -1,0 +1,80 @@
+"""A slow peer's sit-out schedule: which rounds it is paired in, known rounds ahead.
+
+A peer whose own link needs k ≥ 2 rounds to carry θ̃ is paired every k-th round and sits
+out of the pairings in between, while its long exchange crosses (design §1, "Sit out").
+It publishes the schedule, not each sit-out: ``free_from`` F and ``sit_every`` k in its
+record say that it takes part in round t iff t ≥ F and k divides t − F (k < 2: every
+round from F). Every peer computes the same roster from it for every future round, so
+the roster changes only when the schedule does.
+
+Before, the slow peer published a new ``free_from`` every k rounds, each one needed by
+every peer before the very next round, and sent over the link it saturates: with rounds
+of ~1.5 s it often arrived late, rosters disagreed for a round, and exchanges between
+the *fast* peers failed (bench/results/network_stragglers.md, 3×). Now a change takes
+effect at the old schedule's next paired round, so it has k rounds to arrive; only the
+first sit-out (there is no schedule to announce it ahead) still has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gaslocd.protocol.records import PeerRecord
+
+
+@dataclass(frozen=True)
+class SitOut:
+    """``free_from``: the first round paired; ``every``: paired every that many rounds
+    from it (0 or 1: every round)."""
+
+    free_from: int = 0
+    every: int = 0
+
+    @classmethod
+    def of(cls, record: PeerRecord) -> SitOut:
+        return cls(record.free_from, record.sit_every)
+
+    @property
+    def periodic(self) -> bool:
+        """On a schedule: its link is too slow for a round."""
+        return self.every >= 2
+
+    def takes_part(self, round_: int) -> bool:
+        if round_ < self.free_from:
+            return False
+        return not self.periodic or (round_ - self.free_from) % self.every == 0
+
+    def next_paired(self, round_: int) -> int:
+        """The first round after ``round_`` that this peer is paired in."""
+        if round_ + 1 <= self.free_from:
+            return self.free_from
+        if not self.periodic:
+            return round_ + 1
+        return round_ + self.every - (round_ - self.free_from) % self.every
+
+    def hold_after(self, round_: int) -> int:
+        """How many rounds an exchange of ``round_`` with this peer may stay open: until
+        its next paired round when it sits out the one after ``round_`` (else 0)."""
+        if self.takes_part(round_ + 1):
+            return 0
+        return self.next_paired(round_) - round_
+
+    def after(self, round_: int, need: int | None) -> SitOut:
+        """The schedule once a round we are paired in planned ``need`` rounds per exchange
+        for our link (0: it fits a round; None: nothing planned, no change).
+
+        Off a schedule, a slow link sits out from the next round at once (nothing could
+        announce it earlier). On one, any change (another k, or back to every round)
+        starts at the old schedule's next paired round: the rounds until then stay as
+        every peer already knows them, so the new record has that long to reach them."""
+        if need is None or need == self.every or (need < 2 and not self.periodic):
+            return self
+        every = need if need >= 2 else 0
+        if not self.periodic:
+            return SitOut(round_ + need, every)
+        return SitOut(self.next_paired(round_), every)
+
+
+def takes_part(record: PeerRecord, round_: int) -> bool:
+    """Whether ``record``'s peer is in the pairings of ``round_`` (newcomer or sit-out)."""
+    return record.active_from <= round_ and SitOut.of(record).takes_part(round_)
