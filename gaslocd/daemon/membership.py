@@ -60,10 +60,7 @@ class Membership:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.prefetch = RosterPrefetch(
-            self._read_roster,
-            rt.clock,
-            rt.cfg.heartbeat_s,
-            rt.spawn,
+            self._read_roster, rt.clock, rt.cfg.heartbeat_s, rt.spawn, self._quick_roster
         )
         rt.telemetry.metrics.roster_reads = self.prefetch.counts
 
@@ -72,6 +69,12 @@ class Membership:
     def _read_roster(self) -> Awaitable[list[PeerRecord]]:
         """This model's fresh records from the DHT (raises :class:`DiscoveryError`)."""
         return self.rt.discovery.roster(self.rt.state.fingerprint)
+
+    def _quick_roster(self) -> Awaitable[list[PeerRecord]] | None:
+        """Our DHT node's records merged with the last full read's, once there was one
+        (:mod:`gaslocd.net.roster_read`); None before."""
+        discovery = self.rt.discovery
+        return discovery.roster(self.rt.state.fingerprint, quick=True) if discovery.quick else None
 
     async def roster(self) -> list[PeerRecord]:
         """This model's fresh records; empty (train alone this round) if the DHT fails."""

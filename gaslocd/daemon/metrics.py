@@ -141,12 +141,13 @@ class _WireCollector(Collector):
 
 def _roster_family(t: DaemonMetrics) -> Metric:
     """Where each round's roster came from (gaslocd.daemon.prefetch): read during the
-    last round's steps, or at the round's start (a read the round waited for); and the
-    prefetches thrown away, too old by then or failed."""
+    last round's steps, a quick read of our own node's copy, or a full read the round
+    waited for; and the prefetches thrown away, too old by then or failed."""
     reads = CounterMetricFamily(
         "gasloc_roster_reads",
-        "DHT roster reads by source: prefetched (a round took it without waiting), "
-        "at_round_start (the round waited for it), stale or failed (prefetches dropped)",
+        "DHT roster reads by source: prefetched (a round took it without waiting), quick "
+        "(our node's copy merged with the last full read), at_round_start (the round "
+        "waited for a full read), stale or failed (prefetches dropped)",
         labels=["source"],
     )
     for source, n in _bounded(t.roster_reads().items(), ROSTER_SOURCES).items():

@@ -48,6 +48,7 @@ from gaslocd.net.roster_auth import (
     run_key,
     sign_entry,
 )
+from gaslocd.net.roster_read import FullRead, entries_of, parse_entries
 from gaslocd.protocol.records import WIRE_VERSION, PeerRecord
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,7 @@ class Discovery:
         self._owner = b""  # our OpenSSH public key, what our run tags are bound to
         self._keys: dict[str, bytes] = {}  # peer id -> owner key, from the last roster read
         self._known: dict[str, None] = {}  # peers seen in rosters, to re-dial after a cut
+        self._full = FullRead()  # the last full roster read, for quick ones (roster_read)
         self.alone = False  # the last roster read found no other peer (or failed)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -373,18 +375,27 @@ class Discovery:
         if not await self._bounded(future, "withdraw"):
             raise DiscoveryError("the DHT rejected our tombstone; our record expires by itself")
 
-    async def roster(self, fingerprint: str | None = None) -> list[PeerRecord]:
+    @property
+    def quick(self) -> bool:
+        """Whether a quick roster read can be had (a full read finished before)."""
+        return self._full.known
+
+    async def roster(self, fingerprint: str | None = None, quick: bool = False) -> list[PeerRecord]:
         """Fresh, valid records of the run (this peer's included once published), by peer id.
 
         ``fingerprint`` keeps only peers that train the same model. Malformed, unsigned,
         forged, implausible entries and those without the run's credential are skipped and
         counted in ``stats.malformed_records`` (our DHT node refused them already; this is
         the second check, on exactly what we plan from); a slow DHT raises
-        :class:`DiscoveryError` after ``request_timeout_s``.
+        :class:`DiscoveryError` after ``request_timeout_s``. ``quick``: our own node's
+        copy merged with the last full read's (:mod:`gaslocd.net.roster_read`), no wait
+        for other nodes.
         """
         # latest=True merges the subkeys found on every replica; without it the first
         # (possibly cached, partial) copy of the dictionary would do.
-        future = self.dht.get(self.key, latest=True, return_future=True)
+        future = self.dht.get(self.key, latest=not quick, return_future=True)
+        if not quick:
+            self._full.watch(future)
         try:
             found = await self._bounded(future, "roster")
         except DiscoveryError:
@@ -392,22 +403,11 @@ class Discovery:
             self.alone = True
             raise
         now = get_dht_time()
-        records: dict[str, PeerRecord] = {}
-        keys: dict[str, bytes] = {}
-        entries = found.value if found is not None and isinstance(found.value, dict) else {}
-        for subkey, entry in entries.items():
-            if entry.expiration_time <= now:
-                continue
-            try:
-                _check(isinstance(subkey, bytes), "subkey is not signed bytes")
-                record = check_entry(self._run_key, subkey, entry.value, now)
-            except ValueError as error:
-                self.stats.malformed_records += 1
-                logger.debug("skipping a DHT entry under %s: %s", self.key, error)
-                continue
-            if record is not None:
-                records[record.peer_id] = record
-                keys[record.peer_id] = owner_key(subkey)
+        entries = entries_of(found)
+        if quick:
+            entries = self._full.merged(entries, now)
+        records, keys, malformed = parse_entries(self._run_key, entries, now)
+        self.stats.malformed_records += malformed
         self._keys = keys
         remember(self._known, keys)
         self.alone = not set(keys) - {self.peer_id}

@@ -99,7 +99,7 @@ async def test_fresh_prefetch_is_used_and_costs_no_read_at_the_round_start() -> 
     reads.now += 0.5  # the steps end
     assert await p.get() == second
     assert (reads.count, p.used, p.stale) == (2, 1, 0)
-    assert p.counts() == {"prefetched": 1, "at_round_start": 1, "stale": 0, "failed": 0}
+    assert p.counts() == {"prefetched": 1, "quick": 0, "at_round_start": 1, "stale": 0, "failed": 0}
 
 
 @run
@@ -126,7 +126,7 @@ async def test_a_round_that_outlasts_a_heartbeat_gets_a_refreshed_prefetch() -> 
     reads.now += 0.5  # a long fill: the prefetched roster is too old by now ...
     await asyncio.wait_for(reads.third.wait(), WAIT_S)  # ... and has been read again
     assert await p.get() == new
-    assert p.counts() == {"prefetched": 1, "at_round_start": 1, "stale": 0, "failed": 0}
+    assert p.counts() == {"prefetched": 1, "quick": 0, "at_round_start": 1, "stale": 0, "failed": 0}
 
 
 def test_refresh_never_reads_back_to_back() -> None:
@@ -241,3 +241,45 @@ async def test_a_read_that_swallows_its_cancel_ends_and_leaves_the_next_prefetch
     assert reads.count == 2 and not tasks[0].cancelled()  # it swallowed the cancel, and ended
     assert await p.get() == new  # not the superseded read's roster: read at the round start
     assert (p.used, reads.count) == (0, 3)
+
+
+class Quick:
+    """Our DHT node's merged copy: answered at once, or None while no full read ended."""
+
+    def __init__(self, answer: list[PeerRecord]) -> None:
+        self.answer, self.ready, self.count = answer, False, 0
+
+    def __call__(self) -> Coroutine[Any, Any, list[PeerRecord]] | None:
+        if not self.ready:
+            return None
+        self.count += 1
+
+        async def read() -> list[PeerRecord]:
+            return self.answer
+
+        return read()
+
+
+@run
+async def test_a_round_start_takes_a_quick_read_instead_of_waiting_for_one_in_flight() -> None:
+    """A 10× straggler's DHT node answers in seconds, and a full read waits for it: the
+    round starts from our own node's copy (merged with the last full read) instead."""
+    local = [_record("a", 1), _record("b", 1)]
+    reads, quick = Reads([_record("a")], [_record("a", 1)], took=0.4), Quick(local)
+    p = RosterPrefetch(reads, reads.clock, MAX_AGE_S, asyncio.ensure_future, quick)
+    assert await p.get() == [_record("a")]  # the first round: nothing to merge with yet
+    quick.ready = True  # that full read ended: quick reads can be had from now on
+    reads.gate = asyncio.Event()
+    reads.started.clear()
+    p.schedule(0.1)
+    await asyncio.wait_for(reads.started.wait(), WAIT_S)
+    reads.now += MAX_AGE_S + 1.0  # the read in flight runs long (a slow node)
+    assert await asyncio.wait_for(p.get(), WAIT_S) == local  # not held by the gate
+    assert p.counts() == {"prefetched": 0, "quick": 1, "at_round_start": 1, "stale": 0, "failed": 0}
+    reads.gate.set()
+    # A fresh prefetch still wins over a quick read: it saw every replica.
+    reads.answers = [[_record("a", 2), _record("b", 2), _record("c", 2)]]
+    p.schedule(0.1)
+    while p._latest is None:  # the prefetch's read lands (bounded by run's timeout)
+        await asyncio.sleep(0)
+    assert len(await p.get()) == 3 and quick.count == 1 and p.used == 1

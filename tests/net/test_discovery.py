@@ -225,6 +225,63 @@ def test_withdraw_removes_the_record_from_other_rosters(trio: list[Discovery]) -
     asyncio.run(body())
 
 
+class _Forget:
+    """In a DHT process: drop one subkey of the roster from this node's own copy (a
+    store that reached the other replicas, not this one)."""
+
+    def __init__(self, key: str, subkey: bytes) -> None:
+        self.key, self.subkey = key, subkey
+
+    async def __call__(self, _dht: Any, node: Any) -> int:
+        from hivemind.dht.routing import DHTID
+
+        dropped = 0
+        for storage in (node.protocol.storage, node.protocol.cache):
+            found = storage.get(DHTID.generate(source=self.key))
+            if found is not None and self.subkey in dict(found.value.items()):
+                del found.value[self.subkey]
+                dropped += 1
+        return dropped
+
+
+@pytest.mark.net
+def test_a_quick_read_is_our_nodes_copy_merged_with_the_last_full_read(
+    trio: list[Discovery],
+) -> None:
+    """The round-start read that waits for no other node (gaslocd.net.roster_read): it
+    sees what was stored to us since, and what only the last full read found."""
+    first, second, third = trio
+
+    async def body() -> None:
+        assert not first.quick  # nothing to merge with before a full read ended
+        for node in trio:
+            await node.publish(_record(node.peer_id))
+        full = await _poll(first.roster, lambda r: len(r) == 3, 10.0)
+        assert first.quick
+        assert await first.roster(quick=True) == full
+        # A heartbeat stored to us shows in the quick read at once.
+        await second.publish(_record(second.peer_id, round=7))
+        quick = await first.roster(quick=True)
+        assert {r.peer_id: r.round for r in quick}[second.peer_id] == 7
+        # Our node lost third's record (its store never reached us): the last full read
+        # still has it; the quick read keeps it, with no network call needed for it.
+        await _poll(first.roster, lambda r: len(r) == 3, 10.0)
+        assert first.dht.run_coroutine(_Forget(first.key, third.subkey)) >= 1
+        quick = await first.roster(quick=True)
+        assert sorted(r.peer_id for r in quick) == sorted(n.peer_id for n in trio)
+        # A withdrawal (its tombstone expires later than the record) wins the merge.
+        await second.withdraw()
+        quick = await _poll(
+            lambda: first.roster(quick=True),
+            lambda r: second.peer_id not in [x.peer_id for x in r],
+            10.0,
+        )
+        assert third.peer_id in [r.peer_id for r in quick]
+        assert first.stats.malformed_records == 0
+
+    asyncio.run(body())
+
+
 async def _forget_everyone(_dht: Any, node: Any) -> int:
     """In a DHT process: what a minute-long cut leaves behind (every neighbour dropped
     from the routing table and banned from searches, nothing stored or cached)."""
