@@ -178,12 +178,13 @@ def counter_delta(before: str | None, after: str | None, family: str) -> dict[st
 
 _SIT_OUT = re.compile(
     r"round (\d+): our link needs (\d+) rounds per exchange; "
-    r"sitting out of the pairings until round (\d+)"
+    r"paired every \d+ rounds from round (\d+)"
 )
 
 
 def sit_outs(log: str) -> list[tuple[int, int, int]]:
-    """The sit-outs a daemon announced: (round, rounds per exchange, until round)."""
+    """The sit-out schedules a daemon announced: (round, rounds per exchange, first round
+    paired)."""
     return [(int(a), int(k), int(u)) for a, k, u in _SIT_OUT.findall(log)]
 
 
@@ -563,13 +564,14 @@ def _host_table(runs: list[dict[str, Any]]) -> list[str]:
     lines = [
         "Per host (stragglers marked with their multiple of T): time by activity as a share "
         "of the accounted wall-clock, mean H, codecs, long exchanges, announced sit-outs "
-        "(round → until), exchanges done / planned, roster reads a round took prefetched / "
-        "waited for at its start (`gasloc_roster_reads_total`; — before it existed):",
+        "(round → first paired round: a schedule; before 835a8ba each cycle's round → until), "
+        "exchanges done / planned, roster reads a round took prefetched / quick / waited for "
+        "at its start (`gasloc_roster_reads_total`; quick since 694cd3d; — before it existed):",
         "",
         "| run | host | training | "
         + " | ".join(ACTIVITIES)
         + " | H | codecs sent | long landed/failed | sit-outs | exchanged | MiB sent/recv "
-        "| rosters prefetched/waited |",
+        "| rosters prefetched/quick/waited |",
         "| --- | --- |" + " ---: |" * (len(ACTIVITIES) + 1) + " --- |" * 7,
     ]
     for r in runs:
@@ -585,7 +587,10 @@ def _host_table(runs: list[dict[str, Any]]) -> list[str]:
             long = h.get("long", {})
             reads = h.get("roster_reads", {})
             rosters = (
-                f"{reads.get('prefetched', 0)}/{reads.get('at_round_start', 0)}" if reads else "—"
+                f"{reads.get('prefetched', 0)}/{reads.get('quick', 0)}/"
+                f"{reads.get('at_round_start', 0)}"
+                if reads
+                else "—"
             )
             lines.append(
                 f"| {r['scenario']} | {h['host']}{mark} | {training_share(h):.1%} | "

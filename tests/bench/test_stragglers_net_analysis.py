@@ -93,8 +93,8 @@ def test_sit_outs_and_tracebacks_are_read_from_a_daemon_log() -> None:
     log = "\n".join(
         [
             "round    12  H   30  loss 2.1",
-            "round 13: our link needs 3 rounds per exchange; sitting out of the pairings "
-            "until round 16",
+            "round 13: our link needs 3 rounds per exchange; paired every 3 rounds from "
+            "round 15",
             "something before",
             "Traceback (most recent call last):",
             '  File "x.py", line 1, in f',
@@ -103,7 +103,7 @@ def test_sit_outs_and_tracebacks_are_read_from_a_daemon_log() -> None:
             "round    14  H   30",
         ]
     )
-    assert sn.sit_outs(log) == [(13, 3, 16)]
+    assert sn.sit_outs(log) == [(13, 3, 15)]
     trouble = sn.log_trouble(log, context=1)
     assert len(trouble) == 1
     assert trouble[0].startswith("something before\nTraceback")
