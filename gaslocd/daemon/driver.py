@@ -213,10 +213,10 @@ class RoundDriver:
             rt.spawn(self.membership.publish())
             rt.progress(
                 f"round {setup.round + 1}: our link needs {sit.every} rounds per exchange; "
-                f"paired every {sit.every} rounds from round {sit.free_from}"
+                f"paired every {sit.every} rounds from round {sit.free_from + 1}"
                 if sit.periodic
                 else f"round {setup.round + 1}: our link carries θ̃ within a round again; "
-                f"paired every round from round {sit.free_from}"
+                f"paired every round from round {sit.free_from + 1}"
             )
         rt.telemetry.metrics.sitting_out.set(0 if rt.sit.takes_part(setup.round + 1) else 1)
 
