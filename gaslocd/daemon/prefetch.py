@@ -119,7 +119,8 @@ class RosterPrefetch:
 
     def schedule(self, steps_s: float, round_s: float | None = None) -> None:
         """The round's steps take about ``steps_s`` from now: start the next read so that
-        it ends with them. Before the first read is timed there is nothing to hide.
+        it ends with them. Before a read was timed here (the start-up's reads are not)
+        it starts at once: quick reads merge with the full reads this keeps making.
 
         ``round_s`` (the last round's length) tightens the age bound to one round when
         rounds are shorter than a heartbeat, so a roster is never older than the rounds
@@ -128,9 +129,10 @@ class RosterPrefetch:
         self._age_s = self._max_age_s
         if round_s is not None:
             self._age_s = max(MIN_AGE_S, min(self._max_age_s, round_s))
-        if self.read_s is None or steps_s <= 0:
+        if steps_s <= 0:
             return
-        self._task = self._spawn(self._keep_fresh(read_delay(steps_s, self.read_s)))
+        delay = 0.0 if self.read_s is None else read_delay(steps_s, self.read_s)
+        self._task = self._spawn(self._keep_fresh(delay))
 
     def cancel(self) -> None:
         self._stop(self._task)

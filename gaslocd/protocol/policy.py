@@ -232,13 +232,15 @@ class RoundPolicy:
         keeps showing us their last records): pacing against them keeps our round from
         racing ahead, so that after the heal our rounds still meet theirs.
         """
-        # A peer on a sit-out schedule (a slow link) is paired every k rounds at most and
-        # its exchanges are long: nobody waits for it, and its record, sent over that
-        # link, may well lag (it catches up by itself, as anyone behind does).
+        # A peer sitting round t out (a slow link, its schedule) is paired with nobody:
+        # nobody waits for it, and its record, sent over that link, may well lag. In the
+        # rounds it is paired in it is waited for like anyone: without that, nothing holds
+        # its round numbers to the run's, and its pairings fall in rounds its partners
+        # have long left (a netns test saw it 200 rounds behind, resyncing in a loop).
         others = [
             r
             for r in records
-            if r.peer_id != self.me and r.active_from <= r.round and not _slow_link(r, t)
+            if r.peer_id != self.me and r.active_from <= r.round and SitOut.of(r).takes_part(t)
         ]
         moving = any(not self.stale(r) for r in others)
         return [

@@ -93,8 +93,7 @@ def test_sit_outs_and_tracebacks_are_read_from_a_daemon_log() -> None:
     log = "\n".join(
         [
             "round    12  H   30  loss 2.1",
-            "round 13: our link needs 3 rounds per exchange; paired every 3 rounds from "
-            "round 15",
+            "round 13: our link needs 3 rounds per exchange; paired every 3 rounds from round 15",
             "something before",
             "Traceback (most recent call last):",
             '  File "x.py", line 1, in f',

@@ -283,3 +283,19 @@ async def test_a_round_start_takes_a_quick_read_instead_of_waiting_for_one_in_fl
     while p._latest is None:  # the prefetch's read lands (bounded by run's timeout)
         await asyncio.sleep(0)
     assert len(await p.get()) == 3 and quick.count == 1 and p.used == 1
+
+
+@run
+async def test_before_any_read_was_timed_the_prefetch_starts_at_once() -> None:
+    """A daemon's start-up reads the roster outside the prefetch, so its first rounds can
+    take quick reads: the prefetch must still make full reads (once it never did, and
+    every round of a run took a quick read merged with start-up's entries)."""
+    fresh = [_record("a", 1), _record("b", 1)]
+    reads, quick = Reads(fresh), Quick([_record("a")])
+    quick.ready = True
+    p = RosterPrefetch(reads, reads.clock, MAX_AGE_S, asyncio.ensure_future, quick)
+    p.schedule(3600.0)  # an hour of steps, and no read time to plan the read by
+    await asyncio.wait_for(reads.started.wait(), WAIT_S)
+    while p._latest is None:  # the read lands (bounded by run's timeout)
+        await asyncio.sleep(0)
+    assert await p.get() == fresh and p.used == 1 and quick.count == 0

@@ -67,7 +67,7 @@ def test_a_late_partner_shows_up_as_waiting_and_the_account_sums_to_the_wall_clo
     text = urllib.request.urlopen(f"http://127.0.0.1:{slow_port}/metrics", timeout=10).read()
     reads = {
         s: _metric(text.decode(), "gasloc_roster_reads_total", f'{{source="{s}"}}')
-        for s in ("prefetched", "at_round_start", "stale", "failed")
+        for s in ("prefetched", "quick", "at_round_start", "stale", "failed")
     }
     assert reads["prefetched"] >= 3 and reads["failed"] == 0, reads
     assert quick.finish(180) == 0 and slow.finish(120) == 0, quick.output()

@@ -124,14 +124,17 @@ def test_k_shrinks_only_when_the_smaller_one_holds_with_margin() -> None:
     assert plan_links(9, me, partner, None, LADDER, NUMEL, grows, True, (), 3).sit_every == 4
 
 
-def test_nobody_paces_on_a_peer_on_a_schedule_even_in_its_paired_round() -> None:
+def test_a_peer_on_a_schedule_is_paced_on_only_in_the_rounds_it_is_paired_in() -> None:
+    """Nobody waits for a peer in a round it sits out; in its paired rounds it is waited
+    for, or its round numbers drift from the run's and its pairings fail."""
     policy = RoundPolicy("a", record_ttl_s=15.0, h_upper=40)
-    slow = record("s", 6, free_from=10, sit_every=2)
-    records = [record("a", 10), record("b", 10), slow]
-    policy.observe_roster(0.0, records)
-    assert policy.behind(10, records) == [] and policy.behind(11, records) == []
-    done = record("s", 6, free_from=10, sit_every=0)  # back to every round from 10
-    assert [r.peer_id for r in policy.behind(10, [*records[:2], done])] == ["s"]
+    slow = record("s", 6, free_from=10, sit_every=3)
+    behind = {}
+    for t in range(10, 15):
+        records = [record("a", t), record("b", t), slow]
+        policy.observe_roster(0.0, records)
+        behind[t] = [r.peer_id for r in policy.behind(t, records)]
+    assert behind == {10: ["s"], 11: [], 12: [], 13: ["s"], 14: []}
 
 
 def test_a_record_carries_its_schedule_and_an_old_one_has_none() -> None:
