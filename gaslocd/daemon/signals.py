@@ -107,15 +107,17 @@ def stop_children(discovery: Any, allreduce: Any | None, late_signal: bool) -> N
     seconds a graceful child stop can take would kill the daemon with the default
     action instead of exiting 0."""
     children = [c for c in (allreduce, discovery) if c is not None]
-    set_handlers(hurry)
     try:
+        # Inside the try: a signal that lands while the handlers are being set runs
+        # `hurry` at once (a clean-clone test run saw it escape as a traceback, exit 1).
+        set_handlers(hurry)
         if late_signal:
             raise Hurry
         for child in children:
             child.shutdown()
     except Hurry:
-        log.warning("signal while stopping the DHT: killing it")
         set_handlers(signal.SIG_IGN)
+        log.warning("signal while stopping the DHT: killing it")
         for child in children:
             child.shutdown(quick=True)
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gaslocd.daemon import signals
 from gaslocd.daemon.membership import Membership, StateBusy
 from gaslocd.daemon.signals import AFTER_CHECKPOINT_S, MIN_CHECKPOINT_S, StopBudget
 from tests.protocol.records import record
@@ -75,3 +76,41 @@ def test_a_stopping_daemon_neither_starts_nor_retries_a_state_fetch() -> None:
     with pytest.raises(StateBusy):  # a fetch under way when the stop came: no retry
         asyncio.run(membership.fetch_state([record("b")]))
     assert len(fetches) == 1
+
+
+class _Child:
+    def __init__(self) -> None:
+        self.stops: list[bool] = []
+
+    def shutdown(self, quick: bool = False) -> None:
+        self.stops.append(quick)
+
+
+def test_a_signal_while_the_stop_handlers_are_set_kills_the_children_instead_of_raising(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second signal of a stop can land between installing the handler for SIGTERM
+    and the one for SIGINT: the handler runs at once, and its Hurry must end in a quick
+    stop of the children, not escape (a clean-clone run exited 1 with that traceback)."""
+    import os
+    import signal as sig
+
+    real = sig.signal
+    previous = signals.current_handlers()
+    sent = []
+
+    def signal_then_deliver(signum: int, handler: signals.Handler) -> signals.Handler:
+        old = real(signum, handler)
+        if handler is signals.hurry and not sent:
+            sent.append(signum)
+            os.kill(os.getpid(), sig.SIGTERM)  # delivered before the next statement
+        return old
+
+    monkeypatch.setattr(signals.signal, "signal", signal_then_deliver)
+    child = _Child()
+    try:
+        signals.stop_children(child, None, late_signal=False)
+    finally:
+        monkeypatch.undo()
+        signals.restore_handlers(previous)
+    assert sent and child.stops == [True]  # killed, not stopped gracefully, no raise
