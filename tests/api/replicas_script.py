@@ -53,4 +53,8 @@ with peer:
             break
 torch.save(torch.cat([p.detach().flatten() for p in model.parameters()]), f"{out}.rank{rank}.pt")
 if replicated:
+    # Both ranks tear gloo down together: a rank that destroyed its group and exited while
+    # the other was still in its teardown once aborted that one ("terminate called
+    # without an active exception", exit -6) in a clean-clone run.
+    dist.barrier()
     dist.destroy_process_group()
