@@ -44,12 +44,6 @@ from gaslocd.protocol.records import PeerRecord
 from gaslocd.protocol.sitout import SitOut
 
 MAX_LEAD_ROUNDS = 1
-# ... and of a peer on a sit-out schedule, in a round it is paired in. Its record crosses
-# its saturated link late, so it reads a round or two behind where it is: waiting on it
-# with a lead of 1 held the fast peers in pacing for most of their time (10× bench). Its
-# exchanges are long, and a callee up to the wire's round lead (WireConfig.round_lead, 2)
-# behind its caller still takes the call, so that lead costs nothing.
-SCHEDULED_LEAD_ROUNDS = 2
 CATCH_UP_ROUNDS = 2
 RESYNC_AFTER_FAILED_ROUNDS = 3
 # A long exchange dropped for lack of time (its own deadline, a partner whose round had
@@ -138,11 +132,6 @@ def resync_sources(records: Sequence[PeerRecord], me: str) -> list[PeerRecord]:
         others,
         key=lambda r: (_slow_link(r, r.round), abs(r.round - middle), -r.round, r.peer_id),
     )
-
-
-def _lead(record: PeerRecord) -> int:
-    """How far behind ``record``'s peer may be before pacing waits for it."""
-    return SCHEDULED_LEAD_ROUNDS if SitOut.of(record).periodic else MAX_LEAD_ROUNDS
 
 
 def _slow_link(record: PeerRecord, round_: int) -> bool:
@@ -254,7 +243,9 @@ class RoundPolicy:
             if r.peer_id != self.me and r.active_from <= r.round and SitOut.of(r).takes_part(t)
         ]
         moving = any(not self.stale(r) for r in others)
-        return [r for r in others if r.round < t - _lead(r) and not (moving and self.stale(r))]
+        return [
+            r for r in others if r.round < t - MAX_LEAD_ROUNDS and not (moving and self.stale(r))
+        ]
 
     def fill_wait(self, setup: RoundSetup, steps_done: int, now: float) -> FillWait | None:
         """The fill for this round, or None when there is nothing to wait for."""
