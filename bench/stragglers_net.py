@@ -237,22 +237,54 @@ def ratio(t: float | None, other: float | None, other_span: float) -> tuple[floa
     return t / other, f"{t / other:.2f}×"
 
 
+def diloco_reference(d: dict[str, Any] | None) -> dict[str, Any]:
+    """The loss GASLoC is timed to against DiLoCo run ``d``, and DiLoCo's time to it.
+
+    Normally DiLoCo's final loss (the mean of the last three points of its network-mean
+    curve) and the first time that curve is at or below it. That curve starts only once
+    every host has evaluated; when it is empty (a straggler never evaluated in the window)
+    the most favourable reading for DiLoCo instead (``fallback``): the lowest loss any of
+    its hosts' evaluations reached (they hold the same averaged model after each
+    all-reduce; a lagging host's higher value is passed over), timed at the first
+    evaluation anywhere at or below it. ``evaluated`` of ``hosts`` hosts evaluated; loss
+    NaN and time None where there is nothing to read."""
+    if d is None:
+        return {"loss": math.nan, "t": None, "fallback": False, "evaluated": 0, "hosts": 0}
+    hosts = d["hosts"]
+    out = {"evaluated": sum(1 for h in hosts if h.get("evals")), "hosts": len(hosts)}
+    if d["curve"]:
+        loss = final_loss(d["curve"])
+        return {**out, "loss": loss, "t": time_to(d["curve"], loss), "fallback": False}
+    points = sorted((t, loss) for h in hosts for t, loss in h.get("evals", []))
+    loss = min((x for _, x in points), default=math.nan)
+    return {**out, "loss": loss, "t": time_to(points, loss), "fallback": True}
+
+
+def reference_name(ref: dict[str, Any]) -> str:
+    """What :func:`diloco_reference`'s loss is, in the report's words."""
+    if not ref.get("fallback"):
+        return "DiLoCo's final loss"
+    return f"DiLoCo's best single-host loss ({ref['evaluated']} of {ref['hosts']} hosts evaluated)"
+
+
 def verdicts(rows: Sequence[dict[str, Any]]) -> list[str]:
     """One line per target and straggler group, from the report's rows (each a GASLoC run
-    with ``vs_diloco``, ``vs_none`` (value, text, reached) and ``fast_min``)."""
+    with ``diloco_final``, ``diloco_ref`` (:func:`diloco_reference`), ``vs_diloco``,
+    ``vs_none`` (value, text, reached) and ``fast_min``)."""
     out = []
     for row in rows:
         v, text, _ = row["vs_diloco"]
-        if v is None:
-            what = "not met: GASLoC never reached DiLoCo's final loss"
+        name = reference_name(row.get("diloco_ref", {}))
+        if math.isnan(row["diloco_final"]):
+            what = "not decided: no DiLoCo reference (no DiLoCo run or none of its hosts evaluated)"
+        elif v is None:
+            what = f"not met: GASLoC never reached {name}"
         elif text.startswith("<") and v > VS_DILOCO:
             what = "not decided: DiLoCo never reached its own final value again"
         else:
             what = "met" if v <= VS_DILOCO else "not met"
         tag = row["tag"]
-        out.append(
-            f"- {tag}: GASLoC ÷ DiLoCo to DiLoCo's final loss {text} (≤ {VS_DILOCO}: {what})."
-        )
+        out.append(f"- {tag}: GASLoC ÷ DiLoCo to {name} {text} (≤ {VS_DILOCO}: {what}).")
         v, text, _ = row["vs_none"]
         what = "not met: never reached" if v is None else ("met" if v <= VS_NONE else "not met")
         out.append(
@@ -374,6 +406,41 @@ def _time_text(t: float | None, run: dict[str, Any]) -> str:
     return f"{t:.0f} s" if t is not None else f"> {run['duration_s']:.0f} s"
 
 
+def _loss_text(loss: float) -> str:
+    return "—" if math.isnan(loss) else f"{loss:.4f}"
+
+
+def _reference_text(ref: dict[str, Any]) -> str:
+    """The table's cell for :func:`diloco_reference`: its loss, and the fallback named."""
+    text = _loss_text(ref["loss"])
+    if ref["fallback"] and not math.isnan(ref["loss"]):
+        text += f" (best single host; {ref['evaluated']} of {ref['hosts']} hosts evaluated)"
+    return text
+
+
+def _fallback_text(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The targets' note on the DiLoCo runs whose network-mean curve is empty."""
+    runs = [r for r in rows if r.get("diloco_ref", {}).get("fallback")]
+    if not runs:
+        return []
+    which = ", ".join(
+        f"diloco-{r['tag']} ({r['diloco_ref']['evaluated']} of {r['diloco_ref']['hosts']} "
+        "hosts evaluated)"
+        for r in runs
+    )
+    return [
+        "",
+        f"Not every DiLoCo host evaluated within the window in {which}: a straggler had no "
+        "evaluation, so the network-mean curve, which starts once every host has one, is "
+        "empty and DiLoCo has no final loss. The reference there is instead **DiLoCo's best "
+        "single-host loss**, the lowest loss any DiLoCo host's evaluation reached (its hosts "
+        "hold the same averaged model after each all-reduce), with DiLoCo's time to it the "
+        "first evaluation of any of its hosts at or below it: a reading more favourable to "
+        "DiLoCo than a network mean would be (the lowest single evaluation, with no lagging "
+        "host's value averaged in). GASLoC is still timed on its own network-mean curve.",
+    ]
+
+
 def _codec_text(hosts: Sequence[dict[str, Any]]) -> str:
     total: dict[str, int] = {}
     for h in hosts:
@@ -395,9 +462,10 @@ def analyse(runs: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
         if r["algo"] != "gasloc" or not r["multiples"]:
             continue
         d = by_name.get(f"diloco-{r['tag']}")
-        target = final_loss(d["curve"]) if d else math.nan
+        ref = diloco_reference(d)
+        target = ref["loss"]
         t = time_to(r["curve"], target) if d else None
-        t_d = time_to(d["curve"], target) if d else None
+        t_d = ref["t"]
         vs_d = ratio(t, t_d, d["duration_s"]) if d else (None, "—")
         t_c = time_to(r["curve"], common) if base else None
         vs_n = ratio(t_c, t_base, base["duration_s"]) if base else (None, "—")
@@ -407,6 +475,7 @@ def analyse(runs: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
                 "tag": r["tag"],
                 "run": r["scenario"],
                 "diloco_final": target,
+                "diloco_ref": ref,
                 "t_gasloc": t,
                 "t_diloco": t_d,
                 "vs_diloco": (*vs_d, t is not None),
@@ -460,6 +529,7 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
         f"without straggler's value at {meta['common_at']:.0%} of its run (mean of its last "
         f"three points by then), reached by it at "
         f"{_time_text(numbers['t_base'], _by(runs, 'gasloc-none'))}.",
+        *_fallback_text(numbers["rows"]),
         "",
         "| run | stragglers | final loss | DiLoCo's final | time to it | GASLoC ÷ DiLoCo "
         "| time to common | ÷ no straggler | training share, fast hosts (min) "
@@ -472,8 +542,9 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
         hosts = r["hosts"]
         row = rows.get(r["scenario"])
         d = by_name.get(f"diloco-{r['tag']}")
-        target = final_loss(d["curve"]) if d else math.nan
-        t = time_to(r["curve"], target) if d else None
+        ref = diloco_reference(d)
+        target = ref["loss"]
+        t = (ref["t"] if r is d else time_to(r["curve"], target)) if d else None
         t_c = time_to(r["curve"], numbers["common"]) if r["algo"] == "gasloc" else None
         slow = [h for h in hosts if h["straggler"]]
         fast = [training_share(h) for h in hosts if not h["straggler"]]
@@ -483,7 +554,7 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
         lines.append(
             f"| {r['label']} | "
             + (", ".join(f"host {h['host']} {h['rate_mbit']:.3f} Mbit/s" for h in slow) or "—")
-            + f" | {final_loss(r['curve']):.4f} | {'—' if math.isnan(target) else f'{target:.4f}'}"
+            + f" | {_loss_text(final_loss(r['curve']))} | {_reference_text(ref)}"
             f" | {_time_text(t, r) if d else '—'} | {row['vs_diloco'][1] if row else '—'}"
             f" | {_time_text(t_c, r) if r['algo'] == 'gasloc' else '—'}"
             f" | {row['vs_none'][1] if row else '—'}"
@@ -626,7 +697,10 @@ def _plots(runs: list[dict[str, Any]], numbers: dict[str, Any], out: Path) -> No
             ax.plot(t, loss, ":", color="grey", label=base["label"])
         row = next((x for x in numbers["rows"] if x["tag"] == tag), None)
         if row is not None and not math.isnan(row["diloco_final"]):
-            ax.axhline(row["diloco_final"], color="C1", lw=0.6)
+            ref = row["diloco_ref"]
+            ax.axhline(row["diloco_final"], color="C1", lw=0.6, ls="-." if ref["fallback"] else "-")
+            if ref["fallback"]:  # no DiLoCo curve: mark where its best single host got there
+                ax.plot([ref["t"]], [ref["loss"]], "o", color="C1", label=reference_name(ref))
         if not math.isnan(numbers["common"]):
             ax.axhline(numbers["common"], color="grey", lw=0.6, ls=":")
         ax.set_title(f"stragglers: {tag}")

@@ -13,6 +13,7 @@ from gaslocd.protocol.account import ACTIVITIES
 from gaslocd.protocol.linkcodec import message_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import network
 import stragglers_net as sn
 
 
@@ -172,16 +173,8 @@ def _run(name: str, algo: str, multiples: tuple[float, ...], curve: list, shares
     }
 
 
-def test_the_report_checks_each_target_from_the_curves(tmp_path: Path) -> None:
-    base = [(10.0, 3.0), (40.0, 2.5), (60.0, 2.2), (80.0, 2.0), (100.0, 1.9), (150.0, 1.8)]
-    fast = [(10.0, 3.0), (30.0, 2.6), (50.0, 2.3), (70.0, 2.25), (110.0, 1.9), (150.0, 1.85)]
-    diloco = [(20.0, 3.1), (60.0, 2.9), (100.0, 2.7), (140.0, 2.6), (150.0, 2.6)]
-    runs = [
-        _run("gasloc-none", "gasloc", (), base, [0.95] * 4),
-        _run("gasloc-10x", "gasloc", (10.0,), fast, [0.93, 0.92, 0.88, 0.99]),
-        _run("diloco-10x", "diloco", (10.0,), diloco, [0.5, 0.5, 0.5, 0.2]),
-    ]
-    meta = {
+def _meta() -> dict[str, Any]:
+    return {
         "commands": ["python bench/stragglers_net.py"],
         "machine": "test",
         "date": "2026-12-03",
@@ -203,6 +196,18 @@ def test_the_report_checks_each_target_from_the_curves(tmp_path: Path) -> None:
         "calibration": {"step_s": 0.05, "round_s": 1.5, "source": "given"},
         "straggler_rates": [(10.0, 0.26)],
     }
+
+
+def test_the_report_checks_each_target_from_the_curves(tmp_path: Path) -> None:
+    base = [(10.0, 3.0), (40.0, 2.5), (60.0, 2.2), (80.0, 2.0), (100.0, 1.9), (150.0, 1.8)]
+    fast = [(10.0, 3.0), (30.0, 2.6), (50.0, 2.3), (70.0, 2.25), (110.0, 1.9), (150.0, 1.85)]
+    diloco = [(20.0, 3.1), (60.0, 2.9), (100.0, 2.7), (140.0, 2.6), (150.0, 2.6)]
+    runs = [
+        _run("gasloc-none", "gasloc", (), base, [0.95] * 4),
+        _run("gasloc-10x", "gasloc", (10.0,), fast, [0.93, 0.92, 0.88, 0.99]),
+        _run("diloco-10x", "diloco", (10.0,), diloco, [0.5, 0.5, 0.5, 0.2]),
+    ]
+    meta = _meta()
     numbers = sn.analyse(runs, meta)
     # Common target: base's last three points by 100 s: (2.2 + 2.0 + 1.9) / 3 = 2.0333,
     # reached by it at 80 s and by the straggler run at 110 s.
@@ -218,6 +223,16 @@ def test_the_report_checks_each_target_from_the_curves(tmp_path: Path) -> None:
     assert row["fast_min"] == pytest.approx(0.88)
     text = sn.write_report(runs, meta, tmp_path)
     assert "- 10x: GASLoC ÷ DiLoCo to DiLoCo's final loss 0.21× (≤ 0.6: met)." in text
+    # The full network-mean curve is there: no fallback, named nowhere.
+    assert row["diloco_ref"] == {
+        "loss": pytest.approx(7.9 / 3),
+        "t": 140.0,
+        "fallback": False,
+        "evaluated": 0,  # these hosts carry no evals; the curve is given directly
+        "hosts": 4,
+    }
+    assert "best single" not in text
+    assert "| 2.6333 | 2.6333 | 140 s | — |" in text  # DiLoCo's own row: its final, its time
     assert "to the common target 1.38× (≤ 1.15: not met)." in text
     assert "non-straggler host 88.0% (≥ 90%: not met)." in text
     assert "| fp16 120 q4 40 | 2/0 | 6 |" in text  # codecs, long exchanges, sit-out rounds
@@ -226,6 +241,103 @@ def test_the_report_checks_each_target_from_the_curves(tmp_path: Path) -> None:
     assert "announced a sit-out (their own link judged too slow): none" in text
     for stem in ("loss", "hosts", "bytes"):
         assert (tmp_path / f"{sn.STEM}_{stem}.png").stat().st_size > 0
+
+
+def _no_curve(run: dict[str, Any], evals: list[list[tuple[float, float]]]) -> dict[str, Any]:
+    """``run`` as a DiLoCo run whose hosts evaluated as in ``evals``: a host without any
+    leaves the network-mean curve empty."""
+    for h, e in zip(run["hosts"], evals, strict=True):
+        h["evals"] = e
+    run["curve"] = network.mean_loss_curve(evals)
+    return run
+
+
+# DiLoCo with its straggler (host 3) never evaluated in the window, as in the stored
+# diloco-10x: its hosts hold the same model after each all-reduce, so their values agree.
+NO_CURVE_10X = [[(30.0, 2.8), (95.0, 2.5)], [(31.0, 2.8), (91.0, 2.5)], [(60.0, 2.6)], []]
+# Two stragglers, one never evaluated and one with a wild value (stored diloco-3x-10x).
+NO_CURVE_PAIR = [[(38.0, 2.55), (100.0, 2.45)], [(39.0, 2.54)], [], [(95.0, 5.2)]]
+
+
+def test_without_a_diloco_curve_the_reference_is_its_best_single_host_loss() -> None:
+    d = _no_curve(_run("diloco-10x", "diloco", (10.0,), [], [0.5] * 4), NO_CURVE_10X)
+    assert d["curve"] == []
+    # The lowest any host reached, timed at the first evaluation at or below it.
+    assert sn.diloco_reference(d) == {
+        "loss": 2.5,
+        "t": 91.0,
+        "fallback": True,
+        "evaluated": 3,
+        "hosts": 4,
+    }
+    pair = _no_curve(_run("diloco-3x-10x", "diloco", (3.0, 10.0), [], [0.5] * 4), NO_CURVE_PAIR)
+    ref = sn.diloco_reference(pair)
+    assert (ref["loss"], ref["t"], ref["evaluated"]) == (2.45, 100.0, 3)  # 5.2 passed over
+    assert sn.reference_name(ref) == "DiLoCo's best single-host loss (3 of 4 hosts evaluated)"
+    nothing = _no_curve(_run("diloco-10x", "diloco", (10.0,), [], [0.5] * 4), [[], [], [], []])
+    ref = sn.diloco_reference(nothing)
+    assert math.isnan(ref["loss"]) and ref["t"] is None and ref["fallback"]
+    assert sn.diloco_reference(None)["t"] is None
+
+
+def test_the_report_times_gasloc_to_the_fallback_and_says_so(tmp_path: Path) -> None:
+    base = [(10.0, 3.0), (40.0, 2.5), (60.0, 2.2), (80.0, 2.0), (100.0, 1.9), (150.0, 1.8)]
+    fast = [(10.0, 3.0), (30.0, 2.6), (50.0, 2.45), (70.0, 2.25), (110.0, 1.9), (150.0, 1.85)]
+    slow = [(10.0, 3.0), (40.0, 2.7), (70.0, 2.5), (150.0, 2.4)]
+    runs = [
+        _run("gasloc-none", "gasloc", (), base, [0.95] * 4),
+        _run("gasloc-10x", "gasloc", (10.0,), fast, [0.93, 0.92, 0.91, 0.99]),
+        _no_curve(_run("diloco-10x", "diloco", (10.0,), [], [0.5] * 4), NO_CURVE_10X),
+        _run("gasloc-3x-10x", "gasloc", (3.0, 10.0), slow, [0.95, 0.95, 0.5, 0.5]),
+        _no_curve(_run("diloco-3x-10x", "diloco", (3.0, 10.0), [], [0.5] * 4), NO_CURVE_PAIR),
+    ]
+    numbers = sn.analyse(runs, _meta())
+    one, two = numbers["rows"]
+    # 10x: DiLoCo's best single host 2.5 at 91 s; GASLoC's network mean at or below 2.5 at
+    # 50 s: 50 / 91 = 0.55 ≤ 0.6.
+    assert (one["diloco_final"], one["t_gasloc"], one["t_diloco"]) == (2.5, 50.0, 91.0)
+    assert one["vs_diloco"] == (pytest.approx(50 / 91), "0.55×", True)
+    assert one["diloco_ref"]["fallback"]
+    # 3x+10x: 2.45 at 100 s (host 3's 5.2 passed over); GASLoC at 150 s: 1.50×.
+    assert (two["diloco_final"], two["t_gasloc"], two["t_diloco"]) == (2.45, 150.0, 100.0)
+    assert two["vs_diloco"][:2] == (pytest.approx(1.5), "1.50×")
+    verdict = sn.verdicts(numbers["rows"])
+    name = "DiLoCo's best single-host loss (3 of 4 hosts evaluated)"
+    assert f"- 10x: GASLoC ÷ DiLoCo to {name} 0.55× (≤ 0.6: met)." in verdict
+    assert f"- 3x-10x: GASLoC ÷ DiLoCo to {name} 1.50× (≤ 0.6: not met)." in verdict
+    text = sn.write_report(runs, _meta(), tmp_path)
+    assert "never reached DiLoCo" not in text
+    assert "\n".join(verdict) in text
+    # The targets' text names the fallback and the runs it stands in for.
+    assert "diloco-10x (3 of 4 hosts evaluated), diloco-3x-10x (3 of 4 hosts" in text
+    assert "**DiLoCo's best single-host loss**" in text
+    # The table: the reference and the fallback in the row; DiLoCo's time to it its own.
+    cell = "2.5000 (best single host; 3 of 4 hosts evaluated)"
+    assert f"| 2.0000 | {cell} | 50 s | 0.55× |" in text  # GASLoC 10x
+    assert f"| — | {cell} | 91 s | — |" in text  # DiLoCo 10x: no final loss of its own
+    assert (tmp_path / f"{sn.STEM}_loss.png").stat().st_size > 0
+
+
+def test_gasloc_short_of_the_fallback_is_not_met_and_no_reference_is_undecided() -> None:
+    base = [(10.0, 3.0), (40.0, 2.5), (60.0, 2.2), (80.0, 2.0), (100.0, 1.9), (150.0, 1.8)]
+    short = [(10.0, 3.0), (70.0, 2.7), (150.0, 2.6)]
+    runs = [
+        _run("gasloc-none", "gasloc", (), base, [0.95] * 4),
+        _run("gasloc-10x", "gasloc", (10.0,), short, [0.95] * 4),
+        _no_curve(_run("diloco-10x", "diloco", (10.0,), [], [0.5] * 4), NO_CURVE_10X),
+        _run("gasloc-3x", "gasloc", (3.0,), short, [0.95] * 4),
+        _no_curve(_run("diloco-3x", "diloco", (3.0,), [], [0.5] * 4), [[], [], [], []]),
+    ]
+    verdict = sn.verdicts(sn.analyse(runs, _meta())["rows"])
+    assert (
+        "- 10x: GASLoC ÷ DiLoCo to DiLoCo's best single-host loss (3 of 4 hosts evaluated) "
+        "— (≤ 0.6: not met: GASLoC never reached DiLoCo's best single-host loss "
+        "(3 of 4 hosts evaluated))." in verdict
+    )
+    assert verdict[3].startswith("- 3x: GASLoC ÷ DiLoCo to DiLoCo's best single-host loss")
+    assert verdict[3].endswith(
+        "(≤ 0.6: not decided: no DiLoCo reference (no DiLoCo run or none of its hosts evaluated))."
+    )
 
 
 def test_a_failed_run_names_the_daemon_that_gave_up_and_why() -> None:
