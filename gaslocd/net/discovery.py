@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 from hivemind import DHT
@@ -37,6 +38,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.timed_storage import get_dht_time
 
 from gaslocd.net.children import scratch_event_loop, stop_process, watch_parent
+from gaslocd.net.direct_store import direct_store
 from gaslocd.net.identity import load_or_create_identity, write_identity
 from gaslocd.net.rejoin import redial, remember
 from gaslocd.net.roster_auth import (
@@ -300,19 +302,18 @@ class Discovery:
     # -- records -------------------------------------------------------------------------
 
     async def _bounded(self, future: Awaitable[T], what: str) -> T:
-        bound = self._timeout_s
         try:
-            async with asyncio.timeout(bound):  # wait_for may swallow a cancel (net/tasks.py)
+            async with asyncio.timeout(self._timeout_s):  # wait_for may swallow a cancel
                 return await future
         except TimeoutError:
-            raise DiscoveryError(f"DHT {what} did not finish within {bound:g} s") from None
+            raise DiscoveryError(f"DHT {what} did not end within {self._timeout_s:g} s") from None
 
     async def publish(self, record: PeerRecord) -> None:
         """Store (or refresh) this peer's record until now + ``record_ttl_s``.
 
-        Meant as a heartbeat every ttl/3. Raises :class:`DiscoveryError` when no DHT node
-        accepted it in time (counted in ``stats.publish_failures``); the daemon should log
-        that and try again at the next heartbeat.
+        Meant as a heartbeat every ttl/3; never waits for the slowest node (direct_store).
+        Raises :class:`DiscoveryError` when our node refused it or did not answer in time
+        (``stats.publish_failures``); the daemon logs that and retries at the next heartbeat.
         """
         _check(
             record.peer_id == self.peer_id,
@@ -325,9 +326,8 @@ class Discovery:
         except ValueError as error:
             self.stats.publish_failures += 1
             raise DiscoveryError(f"our record would be refused: {error}") from None
-        future = self.dht.store(
-            self.key, value, expiration, subkey=self._subkey, return_future=True
-        )
+        store = partial(direct_store, self.key, self._subkey, value, expiration)
+        future = self.dht.run_coroutine(store, return_future=True)
         try:
             stored = await self._bounded(future, "publish")
         except DiscoveryError:
