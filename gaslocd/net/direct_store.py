@@ -25,8 +25,8 @@ import asyncio
 import logging
 from typing import Any
 
-from hivemind.dht.routing import DHTID
 from hivemind.dht.crypto import DHTRecord
+from hivemind.dht.routing import DHTID
 
 log = logging.getLogger(__name__)
 
