@@ -16,11 +16,19 @@ honest partner inside τ is mixed exactly as before. What clipping altered does 
 through the outer step: it moves θ once, beside it (:func:`split_mix`), so the outer
 momentum cannot multiply a pull that an insider repeats every round.
 
-**τ comes from what honest partners looked like recently.** ``factor`` × the median of
-the last ``window`` *accepted* (unclipped) distances. A clipped distance never enters the
-history, so an attacker cannot raise τ by being far away; it could only by being the
-majority of one's partners, which no robust rule survives. Two guards keep honest peers
-from being starved:
+**τ comes from what partners looked like recently.** ``factor`` × the median of the last
+``window`` distances, a clipped one entering *capped at τ*. An attacker far away then
+adds entries at τ, the top of the history: as a minority of one's recent partners (a
+fraction f < 1/2) it moves the median only to the honest distances' 1/(2(1 − f))
+quantile, however far it is; only as the majority of them, which no robust rule
+survives, can it raise τ, by at most ``factor`` per ⌈window/2⌉ of its distances. The
+cap is what keeps honest peers that legitimately drifted apart from being clipped for
+good: when a few rounds of random 1-peer pairings happen to keep the same pairs (a
+streak of 6 in a 4-peer run, bench/results/network_stragglers.md, 1× T), the two pairs
+drift apart, their first cross distances are several τ of the within-pair history, and
+a history of accepted distances alone would then never admit them again (every later
+distance clipped, the clipped pull too weak to close the gap: the run stopped mixing).
+Two more guards:
 
 - **warm-up**: before ``warmup`` distances were accepted, τ = ``warmup_factor`` × ‖Δ_i‖,
   with Δ_i = θ_i − θ̃_i this worker's own pseudo-gradient of the round. In the first
@@ -197,12 +205,11 @@ class TrustRadius:
                     theirs = torch.lerp(own, theirs, radius / total)
                 (clipped if a < 1.0 or total > radius else rescaled).append(peer)
             out[peer] = theirs
-        warming = len(self.accepted) < self.cfg.warmup
         for p in distances:
             if p not in clipped and p not in rescaled:
                 self.accepted.append(distances[p])
                 self.radial.append(abs(radial[p]))
-            elif warming:  # capped: the warm-up cannot starve, nor be inflated past τ
+            else:  # capped at τ: honest drift cannot starve τ; far partners cannot inflate it
                 self.accepted.append(min(distances[p], radius))
         self.clipped_total += len(clipped)
         self.rescaled_total += len(rescaled)

@@ -56,14 +56,49 @@ def test_an_attackers_pull_is_bounded_by_its_weight_times_the_radius(attack: str
     assert abs(float(out["x"].norm()) - float(own.norm())) <= report.radial_radius + 1e-3
 
 
-def test_clipped_distances_do_not_raise_the_radius() -> None:
+def _far(own: torch.Tensor, at: float, seed: int = 11) -> torch.Tensor:
+    step = torch.randn(N, generator=torch.Generator().manual_seed(seed))
+    return own + step * (at / float(step.norm()))
+
+
+def test_far_partners_as_a_minority_do_not_raise_the_radius() -> None:
     own, trust = _own(), TrustRadius()
-    _warm(trust, own, spread=1.0)
+    _warm(trust, own, spread=1.0, rounds=32)
     before = trust.radius(progress=0.0)
-    for _ in range(100):  # an attacker as every partner, far away, round after round
-        trust.clip(own, {"x": own * 0.1}, progress=0.0)
-    assert trust.radius(progress=0.0) == before
+    for k in range(100):  # every round two honest partners and one attacker, far away
+        partners = {"h1": _far(own, 1.0, 2 * k), "h2": _far(own, 1.0, 2 * k + 1)}
+        trust.clip(own, {**partners, "x": own * 0.1}, progress=0.0)
+    assert trust.radius(progress=0.0) == pytest.approx(before)
     assert trust.clipped_total == 100
+
+
+def test_an_eclipse_raises_the_radius_at_most_factor_per_half_window() -> None:
+    """An attacker as every partner adds distances capped at τ: the median (half a
+    window of honest distances) holds for 15 of them, then τ grows by ≤ factor."""
+    own, trust = _own(), TrustRadius()
+    _warm(trust, own, spread=1.0, rounds=32)
+    before = trust.radius(progress=0.0)
+    for _ in range(15):
+        trust.clip(own, {"x": own * 0.1}, progress=0.0)
+    assert trust.radius(progress=0.0) == pytest.approx(before)
+    for _ in range(16):
+        trust.clip(own, {"x": own * 0.1}, progress=0.0)
+        assert trust.radius(progress=0.0) <= trust.cfg.factor * before * (1 + 1e-6)
+
+
+def test_honest_peers_that_drifted_apart_are_mixed_again() -> None:
+    """A streak of equal 1-peer pairings splits a run into pairs that drift apart; their
+    cross distances are then several τ of the within-pair history. They must come back
+    under τ (before, a history of unclipped distances alone clipped them for good)."""
+    own, trust = _own(), TrustRadius()
+    _warm(trust, own, spread=1.0, rounds=32)
+    assert trust.radius(progress=0.5) == pytest.approx(2.0)
+    for k in range(64):
+        _, report = trust.clip(own, {"other-pair": _far(own, 8.0, k)}, progress=0.5)
+        if not report.clipped:
+            break
+    assert report.clipped == (), f"still clipped after 64 rounds (τ {report.radius:.3g})"
+    assert k >= 15  # and not at once: the honest half of the history holds τ a while
 
 
 def test_warm_up_uses_own_progress_and_cannot_starve() -> None:
