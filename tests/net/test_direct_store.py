@@ -16,23 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gaslocd.net.discovery import Discovery, DiscoveryError, PeerRecord
+from gaslocd.net.discovery import Discovery, DiscoveryError
+from tests.net.test_discovery import _record
 
 TIMEOUT_S = 4.0  # each DHT request's bound: a wait on the frozen node lasts this long
-
-
-def _record(peer_id: str, round_: int) -> PeerRecord:
-    return PeerRecord(
-        peer_id=peer_id,
-        address="127.0.0.1:50051",
-        fingerprint="fp",
-        round=round_,
-        inner_steps=30,
-        step_time_s=0.25,
-        bandwidth_bytes_per_s=1e9,
-        version="0.1.0",
-        started_at=1.7e9,
-    )
 
 
 @pytest.fixture
@@ -67,7 +54,7 @@ def test_a_frozen_node_holds_neither_a_publish_nor_its_arrival_at_the_others(
 
     async def body() -> None:
         for node in trio:
-            await node.publish(_record(node.peer_id, 1))
+            await node.publish(_record(node.peer_id, round=1))
         end = time.monotonic() + 15.0
         while len(await _rounds(second, quick=False)) < 3 or len(await _rounds(first, False)) < 3:
             assert time.monotonic() < end, "the three records never met"
@@ -76,7 +63,7 @@ def test_a_frozen_node_holds_neither_a_publish_nor_its_arrival_at_the_others(
         try:
             for round_ in (2, 3):  # a second publish too: nothing stacks on the frozen node
                 try:
-                    await first.publish(_record(first.peer_id, round_))
+                    await first.publish(_record(first.peer_id, round=round_))
                 except DiscoveryError as error:
                     pytest.fail(f"the publish waited for the frozen node: {error}")
                 # Stored to the live neighbour before publish returned: its own copy has it.
