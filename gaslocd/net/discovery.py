@@ -369,10 +369,8 @@ class Discovery:
         tombstone = sign_entry(
             self._run_key, self._owner, {"v": WIRE_VERSION, "left": True, "peer_id": self.peer_id}
         )
-        future = self.dht.store(
-            self.key, tombstone, published[1] + 1e-3, subkey=self._subkey, return_future=True
-        )
-        if not await self._bounded(future, "withdraw"):
+        store = partial(direct_store, self.key, self._subkey, tombstone, published[1] + 1e-3)
+        if not await self._bounded(self.dht.run_coroutine(store, return_future=True), "withdraw"):
             raise DiscoveryError("the DHT rejected our tombstone; our record expires by itself")
 
     @property

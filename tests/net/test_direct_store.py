@@ -46,8 +46,8 @@ def test_a_frozen_node_holds_neither_a_publish_nor_its_arrival_at_the_others(
     trio: list[Discovery],
 ) -> None:
     """hivemind's own store traverses the DHT first and waits for the frozen node's
-    answer, so the publish timed out; now our node and the live neighbour have the record
-    at once, and the quick read of the neighbour shows it."""
+    answer, so the publish (and a stop's withdrawal) timed out; now our node and the live
+    neighbour have the record at once, and the quick read of the neighbour shows it."""
     first, second, frozen = trio
     frozen_pid = frozen.dht.pid
     assert frozen_pid is not None
@@ -70,6 +70,8 @@ def test_a_frozen_node_holds_neither_a_publish_nor_its_arrival_at_the_others(
                 assert (await _rounds(second, quick=True))[first.peer_id] == round_
                 assert (await _rounds(first, quick=True))[first.peer_id] == round_
             assert first.stats.publish_failures == 0
+            await second.withdraw()  # the tombstone goes the same way, at a stop
+            assert second.peer_id not in await _rounds(first, quick=True)
         finally:
             os.kill(frozen_pid, signal.SIGCONT)
         # Thawed, the frozen node gets the record too (the stores left running).
