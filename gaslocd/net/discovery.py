@@ -404,6 +404,8 @@ class Discovery:
         entries = entries_of(found)
         if quick:
             entries = self._full.merged(entries, now)
+        else:
+            self._full.keep(entries)
         records, keys, malformed = parse_entries(self._run_key, entries, now)
         self.stats.malformed_records += malformed
         self._keys = keys

@@ -53,11 +53,16 @@ class FullRead:
         def done(f: concurrent.futures.Future[Any]) -> None:
             if f.cancelled() or f.exception() is not None:
                 return
-            entries = entries_of(f.result())
-            with self._lock:
-                self._entries = entries
+            self.keep(entries_of(f.result()))
 
         future.add_done_callback(done)
+
+    def keep(self, entries: Entries) -> None:
+        """Keep a full read's entries. Its awaiter calls this too: hivemind may wake the
+        awaiter before it runs the future's callbacks, and a quick read right after a
+        full one must not find nothing to merge with."""
+        with self._lock:
+            self._entries = dict(entries)
 
     def merged(self, local: Entries, now: float) -> Entries:
         """``local`` with each of the last full read's entries that expires later."""
