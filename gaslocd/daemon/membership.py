@@ -12,7 +12,7 @@ import contextlib
 import logging
 import random
 import statistics
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 
 import grpc
 
@@ -254,16 +254,17 @@ class Membership:
         errors: list[str] = []
         sources = resync_sources(others, rt.me)
         held: list[tuple[PeerRecord, PeerState]] = []
-        for record in sources[:MAX_STATE_SOURCES]:
-            state = await self._fetch_checked(record, errors)
-            if state is None:
-                continue
-            agreed = await self._agreeing(held, state)
-            if agreed is None and len(sources) == 1:
-                agreed = record, state  # nobody to compare with
-            if agreed is not None:
-                return await self._adopt(*agreed)
-            held.append((record, state))
+        fetched = self._states(sources[:MAX_STATE_SOURCES], errors)
+        async with contextlib.aclosing(fetched):
+            async for record, state in fetched:
+                if state is None:
+                    continue
+                agreed = await self._agreeing(held, state)
+                if agreed is None and len(sources) == 1:
+                    agreed = record, state  # nobody to compare with
+                if agreed is not None:
+                    return await self._adopt(*agreed)
+                held.append((record, state))
         if len(held) == 1:  # the others did not answer: nothing to compare with
             log.warning("state of %s could not be cross-checked", held[0][0].address)
             return await self._adopt(*held[0])
@@ -274,9 +275,44 @@ class Membership:
             raise StateBusy(text)
         raise StartupError(text)
 
-    async def _fetch_checked(self, record: PeerRecord, errors: list[str]) -> PeerState | None:
+    async def _states(
+        self, sources: list[PeerRecord], errors: list[str]
+    ) -> AsyncIterator[tuple[PeerRecord, PeerState | None]]:
+        """The states of ``sources``, the first two fetched at once, the rest one by one.
+
+        Two states asked for one after the other are a whole transfer apart: over a slow
+        link, in a run that moves fast (early training), honest peers' states then lie
+        farther apart than the norm bound and a resync never agreed (seen: a 1 Mbit/s
+        straggler locked out for good). Asked for together, they are the same moment's.
+        """
+        head, measured = sources[:2], list[tuple[float, int]]()
+        tasks = [
+            asyncio.ensure_future(self._fetch_checked(r, errors, measured, len(head))) for r in head
+        ]
+        try:
+            states = await asyncio.gather(*tasks)
+        finally:  # one raised (a refused token) or we were cancelled: stop the other
+            for task in tasks:
+                task.cancel()
+        if measured:  # they shared our link: its rate is their bytes over the longest
+            seconds = max(t for t, _ in measured)
+            self.rt.links.record_transfer(STATE_FETCH, seconds, sum(n for _, n in measured))
+        for pair in zip(head, states, strict=True):
+            yield pair
+        for record in sources[2:]:
+            yield record, await self._fetch_checked(record, errors)
+
+    async def _fetch_checked(
+        self,
+        record: PeerRecord,
+        errors: list[str],
+        measured: list[tuple[float, int]] | None = None,
+        sharing: int = 1,
+    ) -> PeerState | None:
         """``record``'s state if it arrives and is in range (None, with the reason in
-        ``errors``, if not); a peer refusing our token is a startup error."""
+        ``errors``, if not); a peer refusing our token is a startup error. ``measured``:
+        where the transfer's (seconds, bytes) go when ``sharing`` fetches share our
+        link (else they are our link's measure at once)."""
         rt = self.rt
         expected = {"theta": rt.state.numel, "outer_momentum": rt.state.numel}
         nbytes = state_nbytes(expected.values())
@@ -285,7 +321,7 @@ class Membership:
             state = await rt.server.client.fetch_state(
                 record.address,
                 expected,
-                state_read_s(nbytes, STATE_FETCH_TIMEOUT_S),
+                state_read_s(nbytes * sharing, STATE_FETCH_TIMEOUT_S),
                 peer=record.peer_id,
             )
         except grpc.aio.AioRpcError as exc:
@@ -300,7 +336,10 @@ class Membership:
             return None
         # The first measure of our link (two float32 models): a newcomer's first codec
         # per link is then sized to it, not guessed (gaslocd.protocol.plan.plan_links).
-        rt.links.record_transfer(STATE_FETCH, rt.clock() - began, nbytes)
+        if measured is None:
+            rt.links.record_transfer(STATE_FETCH, rt.clock() - began, nbytes)
+        else:
+            measured.append((rt.clock() - began, nbytes))
         theta, momentum = state.tensors["theta"], state.tensors["outer_momentum"]
         norms = await rt.thread.call(lambda: (norm_of(theta), norm_of(momentum)))
         refusal = state_refusal(record, state.round, *norms)

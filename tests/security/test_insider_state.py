@@ -130,3 +130,28 @@ def test_a_lone_source_or_an_unreachable_second_is_taken_after_the_range_checks(
     assert asyncio.run(m.fetch_state([_rec("a", 10)])) == 10
     m = _membership({"a:1": (10, HONEST, torch.zeros(N))})
     assert asyncio.run(m.fetch_state([_rec("a", 10), _rec("gone", 10)])) == 10
+
+
+def test_the_two_states_compared_are_asked_for_at_once() -> None:
+    """A run that moves fast (early training) moves past the norm bound in the time one
+    state takes over a slow link: two honest states asked for one after the other then
+    never agree, and a straggler that drifted off could never resync (seen in the
+    1 Mbit/s netns test). Each fake peer serves the run's θ of the moment it is asked
+    and one transfer passes when it has sent it: the two compared must be of the same
+    moment (the old code asked b only after a's transfer, a θ 2.5 × ‖θ‖ further on)."""
+    transfers = [0]  # transfers completed: the run's clock here
+    m = _membership({})
+    asked: list[tuple[str, int]] = []
+
+    async def fetch_state(address: str, expected: Any, timeout: float, *, peer: str) -> PeerState:
+        asked.append((peer, transfers[0]))
+        theta = HONEST * (1.0 + 2.5 * transfers[0])  # the run's θ when asked
+        await asyncio.sleep(0)  # the transfer: other fetches may start meanwhile
+        transfers[0] += 1
+        return PeerState(10, 0, {"theta": theta, "outer_momentum": torch.zeros(N)})
+
+    m.rt.server.client.fetch_state = fetch_state
+    assert asyncio.run(m.fetch_state([_rec("a", 10), _rec("b", 10)])) == 10
+    assert asked == [("a", 0), ("b", 0)] and len(m.adopted) == 1
+    # Their shared transfer measured our link once, with both states' bytes.
+    assert list(m.rt.links.bandwidth) == [membership.STATE_FETCH]
