@@ -12,7 +12,7 @@ import contextlib
 import logging
 import random
 import statistics
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 
 import grpc
 
@@ -40,6 +40,9 @@ READY_POLL_S = 0.25  # behind NAT: how often our Ready asks whether the partner 
 RESUME_LOOKAROUND_S = 10.0  # how long a resumed daemon looks for peers before going alone
 STATE_FETCH_TIMEOUT_S = 120.0
 POLL_S = 0.25  # DHT polling interval; every poll loop is bounded by a deadline
+# Joins and resyncs take θ and m in fp16: half the bytes, so over a slow link a state
+# half as many rounds stale on arrival (gaslocd.net.state).
+STATE_CODEC = "fp16"
 MAX_STATE_SOURCES = 3  # states fetched at most for one join or resync (two, and a tie-break)
 
 
@@ -277,7 +280,7 @@ class Membership:
 
     async def _states(
         self, sources: list[PeerRecord], errors: list[str]
-    ) -> AsyncIterator[tuple[PeerRecord, PeerState | None]]:
+    ) -> AsyncGenerator[tuple[PeerRecord, PeerState | None], None]:
         """The states of ``sources``, the first two fetched at once, the rest one by one.
 
         Two states asked for one after the other are a whole transfer apart: over a slow
@@ -315,14 +318,15 @@ class Membership:
         link (else they are our link's measure at once)."""
         rt = self.rt
         expected = {"theta": rt.state.numel, "outer_momentum": rt.state.numel}
-        nbytes = state_nbytes(expected.values())
+        most = state_nbytes(expected.values())  # fp32: a server may always answer in it
         began = rt.clock()
         try:
             state = await rt.server.client.fetch_state(
                 record.address,
                 expected,
-                state_read_s(nbytes * sharing, STATE_FETCH_TIMEOUT_S),
+                state_read_s(most * sharing, STATE_FETCH_TIMEOUT_S),
                 peer=record.peer_id,
+                codec=STATE_CODEC,
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
@@ -334,8 +338,9 @@ class Membership:
         except Exception as exc:  # a refused or malformed state: try another peer
             errors.append(f"{record.address}: {exc}")
             return None
-        # The first measure of our link (two float32 models): a newcomer's first codec
-        # per link is then sized to it, not guessed (gaslocd.protocol.plan.plan_links).
+        # The first measure of our link (two models): a newcomer's first codec per link
+        # is then sized to it, not guessed (gaslocd.protocol.plan.plan_links).
+        nbytes = state_nbytes(expected.values(), state.codec)
         if measured is None:
             rt.links.record_transfer(STATE_FETCH, rt.clock() - began, nbytes)
         else:

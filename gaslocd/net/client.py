@@ -29,7 +29,7 @@ from gaslocd.net.frames import MalformedMessage, frame_header, parse_chunk
 from gaslocd.net.proto import peer_pb2 as pb
 from gaslocd.net.rendezvous import ExchangeFailure, ExchangeResult, Outcome, RoundOffer
 from gaslocd.net.security import channel_credentials, channel_options
-from gaslocd.net.state import MAX_ROUND, PeerState, receive_state
+from gaslocd.net.state import MAX_ROUND, PeerState, receive_state, state_nbytes
 from gaslocd.net.stream import (
     PEER_GONE,
     Receiver,
@@ -288,8 +288,11 @@ class PeerClient:
         *,
         peer: str,
         max_round: int = MAX_ROUND,
+        codec: str = "fp32",
     ) -> PeerState:
-        """Stream the state (θ, outer momentum, ...) sized as ``expected`` of ``peer``.
+        """Stream the state (θ, outer momentum, ...) sized as ``expected`` of ``peer``,
+        asked for in ``codec`` (:data:`~gaslocd.net.state.STATE_CODECS`; it may come as
+        fp32: ``PeerState.codec`` says).
 
         Raises :class:`Refusal` when the reply fails our checks (sizes, ranges: see
         :mod:`gaslocd.net.state`), :class:`AuthFailure` when the server does not prove it
@@ -297,7 +300,10 @@ class PeerClient:
         Nothing of a refused state is returned.
         """
         request = pb.StateRequest(
-            run_id=self.me.run_id, sender=self.me.peer_id, fingerprint=self.me.fingerprint
+            run_id=self.me.run_id,
+            sender=self.me.peer_id,
+            fingerprint=self.me.fingerprint,
+            codec=codec,
         )
         metadata, claim = self.auth.metadata(peer, "GetState")
         call = self.channel(address).unary_stream(
@@ -306,7 +312,7 @@ class PeerClient:
         try:
             await self._check_acceptor(call, claim)
             state = await receive_state(
-                call.read, expected, self.me, self.config, self._executor, max_round
+                call.read, expected, self.me, self.config, self._executor, max_round, codec
             )
         except Refusal as exc:
             self.stats.rejected[exc.reason] += 1
@@ -317,7 +323,7 @@ class PeerClient:
         finally:
             if not call.done():
                 call.cancel()
-        self.stats.bytes_received += sum(4 * n for n in expected.values())
+        self.stats.bytes_received += state_nbytes(expected.values(), state.codec)
         return state
 
     async def notify_ready(self, address: str, round_: int, timeout_s: float) -> bool:

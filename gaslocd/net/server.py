@@ -49,7 +49,7 @@ from gaslocd.net.rendezvous import (
     RoundOffer,
 )
 from gaslocd.net.security import server_credentials, server_options
-from gaslocd.net.state import StateProvider, StateSource, StatusProvider, send_state
+from gaslocd.net.state import StateProvider, StateSource, StatusProvider, send_state, state_codec
 from gaslocd.net.stream import (
     PEER_GONE,
     Receiver,
@@ -89,9 +89,7 @@ class ExchangeServer:
     ) -> None:
         if auth.my_peer_id != me.peer_id or auth.run_id != me.run_id:
             raise ValueError("the call credentials must be for this peer and run")
-        self.config = config
-        self.me = me
-        self.auth = auth
+        self.config, self.me, self.auth = config, me, auth
         self.limits = limits if limits is not None else Limits()
         self.stats = stats if stats is not None else WireStats()
         self.port: int | None = None
@@ -101,8 +99,7 @@ class ExchangeServer:
         self._board: RoundBoard | None = None
         self._state: StateSource | None = None
         self.status_provider: StatusProvider | None = None  # `gaslocd status`'s fields
-        self._ready = ReadyBook()
-        self._dial_back = DialBack(config, me, auth, self._refuse)
+        self._ready, self._dial_back = ReadyBook(), DialBack(config, me, auth, self._refuse)
         self._long: dict[int, LongFlights] = {}
         self.rate_hints: dict[str, float] = {}
 
@@ -375,6 +372,7 @@ class ExchangeServer:
             req = parse_request(pb.StateRequest, request)
             check_sender(req.sender, claim.sender)
             check_static(self.me, req.run_id, req.fingerprint)
+            codec = state_codec(req.codec)
             if self._state is None:
                 raise Refusal("no-state", "this peer has no state to give yet")
         except Refusal as refusal:
@@ -382,7 +380,9 @@ class ExchangeServer:
             return
         state = await self._state.get(self._board.latest_round if self._board else None)
         try:  # a caller that stops reading holds one of the few GetState slots: bounded
-            sent = await send_state(context.write, state, self.me, self.config, self._executor)
+            sent = await send_state(
+                context.write, state, self.me, self.config, self._executor, codec
+            )
         except TimeoutError:  # its status queues behind what it did not read: the slot is freed
             late = Refusal("timeout", "the state was not read in time")
             await at_most(self._refuse(context, late), 1.0)

@@ -1,10 +1,16 @@
 """GetState: a newcomer streams θ, the outer momentum, the round and the data position.
 
-The stream is a ``StateHeader`` chunk, then the fp32 bytes of each named tensor in the
-header's order, cut into the same block spans as an exchange. State is always fp32: a
-newcomer starts from exactly the live peer's state, and this happens once per join, not
-every round. The receiver allocates by the sizes *it* expects for its own model (the
-fingerprint already matched) and refuses a header whose tensor list differs.
+The stream is a ``StateHeader`` chunk, then the bytes of each named tensor in the
+header's order, cut into the same block spans as an exchange, in the encoding the caller
+asked for (:data:`STATE_CODECS`): fp32, the live peer's exact state, or fp16, half the
+bytes. A join or resync over a slow link takes as long as its bytes, and the run moves on
+meanwhile: a 1 Mbit/s straggler's resync arrived more rounds stale than the norm bound
+lets its partners accept, in a fast-moving run, and it was locked out for good. fp16's
+rounding (2⁻¹¹ of each value) is far below the spread of honest replicas. A value beyond
+fp16's range would arrive infinite: the server then answers in fp32, and the header says
+which it sent. The receiver allocates by the sizes *it* expects for its own model (the
+fingerprint already matched) and refuses a header whose tensor list differs, or whose
+encoding is neither the one asked for nor fp32.
 
 A state is taken whole or not at all: after the bytes arrive, the round must be below
 ``MAX_ROUND`` (and below a bound the caller knows, if it passes one), every value finite,
@@ -27,13 +33,15 @@ import numpy as np
 import torch
 
 from gaslocd.config import WireConfig
-from gaslocd.net.codecs import chunk_spans, get_codec
+from gaslocd.net.codecs import Codec, chunk_spans, get_codec
 from gaslocd.net.frames import MalformedMessage, frame_data, frame_state_header, parse_chunk
 from gaslocd.net.proto import peer_pb2 as pb
 from gaslocd.net.stream import Read, Receiver, Write, expect_end, receive_data
 from gaslocd.net.validation import Identity, Refusal, check_static
 
 _FP32 = get_codec("fp32")
+STATE_CODECS = ("fp32", "fp16")  # exact, or half the bytes (never a blockwise codec)
+_FP16_MAX = float(torch.finfo(torch.float16).max)
 MAX_ROUND = 2**31  # 68 years at one round a second
 MAX_THETA_RMS = 1e3  # an LM's weights have an RMS of order 0.01-1
 MAX_MOMENTUM_RATIO = 10.0
@@ -64,6 +72,7 @@ class PeerState:
     data_position: int
     tensors: dict[str, torch.Tensor]
     extra: dict[str, str] = field(default_factory=dict)
+    codec: str = "fp32"  # how it came over the wire (received states)
 
 
 def _bytes_of(t: torch.Tensor) -> np.ndarray:
@@ -72,18 +81,44 @@ def _bytes_of(t: torch.Tensor) -> np.ndarray:
     return t.detach().view(torch.uint8).numpy()
 
 
-def state_nbytes(numels: Iterable[int]) -> int:
-    """The bytes of a state whose tensors have these sizes (float32 on the wire)."""
-    return 4 * sum(numels)
+def state_nbytes(numels: Iterable[int], codec: str = "fp32") -> int:
+    """The bytes of a state whose tensors have these sizes, in ``codec`` on the wire."""
+    return get_codec(codec).encoded_nbytes(sum(numels))
+
+
+def state_codec(asked: str) -> str:
+    """The encoding a ``StateRequest`` asks for (empty: an older caller, fp32); a
+    ``Refusal`` for any other."""
+    codec = asked or "fp32"
+    if codec not in STATE_CODECS:
+        raise Refusal("unknown-codec", f"a state is sent in {' or '.join(STATE_CODECS)}")
+    return codec
+
+
+def fits_codec(state: PeerState, codec: str) -> bool:
+    """Whether every value of ``state`` survives ``codec`` finite (fp16: |x| ≤ 65504)."""
+    if codec != "fp16":
+        return True
+    return all(float(t.abs().max()) <= _FP16_MAX for t in state.tensors.values() if t.numel())
 
 
 async def send_state(
-    write: Write, state: PeerState, me: Identity, config: WireConfig, executor: Executor
+    write: Write,
+    state: PeerState,
+    me: Identity,
+    config: WireConfig,
+    executor: Executor,
+    codec_name: str = "fp32",
 ) -> int:
-    """Write the header and every tensor's bytes; returns the bytes written. Raises
+    """Write the header and every tensor's bytes in ``codec_name`` (:data:`STATE_CODECS`;
+    fp32 instead when a value would not survive it); returns the bytes written. Raises
     ``TimeoutError`` when the reader is slower than :data:`STATE_MIN_RATE`: over the
     whole state, or for one chunk (``config.accept_wait_s`` at least, either way)."""
     stall_s = state_read_s(config.chunk_bytes, config.accept_wait_s)
+    loop = asyncio.get_running_loop()
+    if not await loop.run_in_executor(executor, fits_codec, state, codec_name):
+        codec_name = "fp32"
+    codec = get_codec(codec_name)
 
     async def bounded(data: bytes) -> None:
         async with asyncio.timeout(stall_s):
@@ -97,20 +132,27 @@ async def send_state(
         tensors=[pb.TensorInfo(name=k, numel=v.numel()) for k, v in state.tensors.items()],
         chunk_bytes=config.chunk_bytes,
         extra=state.extra,
+        codec=codec.name,
     )
-    nbytes = state_nbytes(t.numel() for t in state.tensors.values())
+    nbytes = state_nbytes((t.numel() for t in state.tensors.values()), codec.name)
     async with asyncio.timeout(state_read_s(nbytes, config.accept_wait_s)):
         first = frame_state_header(header)
         await bounded(first)
         sent = len(first)
-        loop = asyncio.get_running_loop()
         for tensor in state.tensors.values():
             raw = _bytes_of(tensor)
-            for _, _, b0, b1 in chunk_spans(_FP32, tensor.numel(), config.chunk_bytes):
-                data = await loop.run_in_executor(executor, frame_data, raw[b0:b1].data)
+            for e0, e1, b0, b1 in chunk_spans(codec, tensor.numel(), config.chunk_bytes):
+                if codec is _FP32:  # the values are the wire bytes: no copy
+                    data = await loop.run_in_executor(executor, frame_data, raw[b0:b1].data)
+                else:
+                    data = await loop.run_in_executor(executor, _framed, codec, tensor[e0:e1])
                 await bounded(data)
                 sent += len(data)
         return sent
+
+
+def _framed(codec: Codec, values: torch.Tensor) -> bytes:
+    return frame_data(codec.encode(values).numpy().data)
 
 
 async def receive_state(
@@ -120,8 +162,10 @@ async def receive_state(
     config: WireConfig,
     executor: Executor,
     max_round: int = MAX_ROUND,
+    asked: str = "fp32",
 ) -> PeerState:
-    """Read and check a state stream against the tensor sizes and ranges we expect."""
+    """Read and check a state stream against the tensor sizes and ranges we expect, in
+    the encoding we ``asked`` for or fp32 (which a server may always answer in)."""
     raw = await read()
     if not isinstance(raw, bytes):
         raise Refusal("truncated", "the state stream ended before its header")
@@ -140,17 +184,21 @@ async def receive_state(
         raise Refusal("size-mismatch", f"state has tensors {declared}, we expect {dict(expected)}")
     if not 0 < header.chunk_bytes <= config.max_chunk_bytes:
         raise Refusal("bad-chunk-size", f"chunk_bytes {header.chunk_bytes}")
+    sent_as = header.codec or "fp32"
+    if sent_as not in {asked, "fp32"}:
+        raise Refusal("unknown-codec", f"state sent in {sent_as[:32]!r}; we asked for {asked}")
+    codec = get_codec(sent_as)
     tensors: dict[str, torch.Tensor] = {}
     for name, numel in expected.items():
         out = torch.empty(numel, dtype=torch.float32)
-        receiver = Receiver(_FP32, out, header.chunk_bytes, executor, config.pipeline_chunks)
+        receiver = Receiver(codec, out, header.chunk_bytes, executor, config.pipeline_chunks)
         try:
             tensors[name] = await receive_data(read, receiver)
         finally:
             await receiver.close()
     await expect_end(read)
     await asyncio.get_running_loop().run_in_executor(executor, check_ranges, tensors)
-    return PeerState(header.round, header.data_position, tensors, dict(header.extra))
+    return PeerState(header.round, header.data_position, tensors, dict(header.extra), sent_as)
 
 
 def check_ranges(tensors: Mapping[str, torch.Tensor]) -> None:

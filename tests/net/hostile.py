@@ -51,6 +51,7 @@ class HostilePeer(grpc.GenericRpcHandler):
         self.verify = verify  # False: a sybil that takes any call to capture it
         self.state_round = 5
         self.momentum_scale = 1.0
+        self.state_codec = ""  # the codec its state header names (the data stays fp32)
         self.seen: list[bytes] = []
         self.calls: Counter[str] = Counter()  # authenticated calls by method
         self.server: grpc.aio.Server | None = None
@@ -150,6 +151,7 @@ class HostilePeer(grpc.GenericRpcHandler):
             data_position=0,
             tensors=[pb.TensorInfo(name=n, numel=self.numel) for n in names],
             chunk_bytes=self.chunk_bytes,
+            codec=self.state_codec,
         )
         await ctx.write(frame_state_header(header))
         for msg in [*self._data(), *self._data(self.momentum_scale)]:

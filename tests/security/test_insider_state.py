@@ -32,7 +32,9 @@ def _membership(states: Mapping[str, tuple[int, torch.Tensor, torch.Tensor]]) ->
     asked: list[str] = []
     adopted: list[tuple[int, torch.Tensor]] = []
 
-    async def fetch_state(address: str, expected: Any, timeout: float, *, peer: str) -> PeerState:
+    async def fetch_state(
+        address: str, expected: Any, timeout: float, *, peer: str, **_: Any
+    ) -> PeerState:
         asked.append(peer)
         if address not in states:
             raise ConnectionError("unreachable")
@@ -143,7 +145,9 @@ def test_the_two_states_compared_are_asked_for_at_once() -> None:
     m = _membership({})
     asked: list[tuple[str, int]] = []
 
-    async def fetch_state(address: str, expected: Any, timeout: float, *, peer: str) -> PeerState:
+    async def fetch_state(
+        address: str, expected: Any, timeout: float, *, peer: str, **_: Any
+    ) -> PeerState:
         asked.append((peer, transfers[0]))
         theta = HONEST * (1.0 + 2.5 * transfers[0])  # the run's θ when asked
         await asyncio.sleep(0)  # the transfer: other fetches may start meanwhile

@@ -55,14 +55,16 @@ class ExchangeHeader(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., roster_digest: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., codec: _Optional[str] = ..., numel: _Optional[int] = ..., encoded_nbytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., long_rounds: _Optional[int] = ..., link_bytes_per_s: _Optional[int] = ...) -> None: ...
 
 class StateRequest(_message.Message):
-    __slots__ = ("run_id", "sender", "fingerprint")
+    __slots__ = ("run_id", "sender", "fingerprint", "codec")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     sender: str
     fingerprint: str
-    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    codec: str
+    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., fingerprint: _Optional[str] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class TensorInfo(_message.Message):
     __slots__ = ("name", "numel")
@@ -73,7 +75,7 @@ class TensorInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., numel: _Optional[int] = ...) -> None: ...
 
 class StateHeader(_message.Message):
-    __slots__ = ("run_id", "fingerprint", "round", "data_position", "tensors", "chunk_bytes", "extra")
+    __slots__ = ("run_id", "fingerprint", "round", "data_position", "tensors", "chunk_bytes", "extra", "codec")
     class ExtraEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +90,7 @@ class StateHeader(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     fingerprint: str
     round: int
@@ -95,7 +98,8 @@ class StateHeader(_message.Message):
     tensors: _containers.RepeatedCompositeFieldContainer[TensorInfo]
     chunk_bytes: int
     extra: _containers.ScalarMap[str, str]
-    def __init__(self, run_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., round: _Optional[int] = ..., data_position: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., chunk_bytes: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    codec: str
+    def __init__(self, run_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., round: _Optional[int] = ..., data_position: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., chunk_bytes: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("run_id",)
