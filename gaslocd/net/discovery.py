@@ -392,8 +392,7 @@ class Discovery:
         # latest=True merges the subkeys found on every replica; without it the first
         # (possibly cached, partial) copy of the dictionary would do.
         future = self.dht.get(self.key, latest=not quick, return_future=True)
-        if not quick:
-            self._full.watch(future)
+        number = 0 if quick else self._full.watch(future)
         try:
             found = await self._bounded(future, "roster")
         except DiscoveryError:
@@ -405,7 +404,7 @@ class Discovery:
         if quick:
             entries = self._full.merged(entries, now)
         else:
-            self._full.keep(entries)
+            self._full.keep(entries, number)
         records, keys, malformed = parse_entries(self._run_key, entries, now)
         self.stats.malformed_records += malformed
         self._keys = keys

@@ -37,32 +37,48 @@ def entries_of(found: object) -> Entries:
 
 
 class FullRead:
-    """The entries of the last full read that finished, whoever awaited it."""
+    """The entries of the newest full read that finished, whoever awaited it.
+
+    "Newest" by when it started: reads overlap (the lobby, the prefetch, pacing, the
+    reachability probe), and one that started before another can finish after it (a
+    node slow to answer, an awaiter that gave up at its timeout while hivemind went on).
+    Its entries are older news: kept, they would take back a record the later read had
+    (a newcomer's, whose first rounds then paired it with peers that did not see it).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # the future's callback runs in hivemind's thread
         self._entries: Entries | None = None
+        self._started = 0  # full reads numbered as they start
+        self._kept = 0  # the number of the read whose entries these are
 
     @property
     def known(self) -> bool:
         return self._entries is not None
 
-    def watch(self, future: concurrent.futures.Future[Any]) -> None:
-        """Keep ``future``'s entries when it finishes (cancelled or failed: nothing)."""
+    def watch(self, future: concurrent.futures.Future[Any]) -> int:
+        """Number a full read as it starts and keep its entries when it finishes
+        (cancelled or failed: nothing); its number, for :meth:`keep`."""
+        with self._lock:
+            self._started += 1
+            number = self._started
 
         def done(f: concurrent.futures.Future[Any]) -> None:
             if f.cancelled() or f.exception() is not None:
                 return
-            self.keep(entries_of(f.result()))
+            self.keep(entries_of(f.result()), number)
 
         future.add_done_callback(done)
+        return number
 
-    def keep(self, entries: Entries) -> None:
-        """Keep a full read's entries. Its awaiter calls this too: hivemind may wake the
-        awaiter before it runs the future's callbacks, and a quick read right after a
-        full one must not find nothing to merge with."""
+    def keep(self, entries: Entries, number: int) -> None:
+        """Keep read ``number``'s entries unless a later-started read's are kept. Its
+        awaiter calls this too: hivemind may wake the awaiter before it runs the future's
+        callbacks, and a quick read right after a full one must not find nothing to merge
+        with."""
         with self._lock:
-            self._entries = dict(entries)
+            if number >= self._kept:
+                self._entries, self._kept = dict(entries), number
 
     def merged(self, local: Entries, now: float) -> Entries:
         """``local`` with each of the last full read's entries that expires later."""
