@@ -38,7 +38,7 @@ def _own_record_fresh(
     for r in records:
         if r.peer_id == me:
             rate = rate or r.bandwidth_bytes_per_s
-            r = replace(r, free_from=sit.free_from, sit_every=sit.every, bandwidth_bytes_per_s=rate)
+            r = replace(sit.on(r), bandwidth_bytes_per_s=rate)
         out.append(r)
     return out
 

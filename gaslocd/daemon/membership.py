@@ -113,8 +113,7 @@ class Membership:
             version=__version__,
             started_at=rt.telemetry.runlog.started_at,
             active_from=rt.active_from,
-            free_from=rt.sit.free_from,
-            sit_every=rt.sit.every,
+            **rt.sit.record_fields(),
             reachable=rt.reachable,
         )
 

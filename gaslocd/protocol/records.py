@@ -17,7 +17,7 @@ WIRE_VERSION = 1
 _MAX_STR = 256  # generous for an address or a digest, small enough that garbage stays cheap
 _MAX_INT = 2**62
 # Added after v1 was in use: a record without them is read with their defaults.
-_OPTIONAL = ("started_at", "active_from", "free_from", "reachable", "sit_every")
+_OPTIONAL = ("started_at", "active_from", "free_from", "reachable", "sit_every", "sit_from")
 
 # Plausibility bounds for records read from a network (check_plausible). Generous: an
 # honest record must never fail them, an absurd one (round 2**60) must.
@@ -60,6 +60,7 @@ class PeerRecord:
     # (gaslocd.algorithm.topology.dialer) and is never paired with another such peer.
     reachable: bool = True
     sit_every: int = 0  # 0 or 1: paired every round from free_from
+    sit_from: int = 0  # a first sit-out's first round: paired in every round before it
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -102,6 +103,7 @@ class PeerRecord:
         _check(self.round <= max_round, f"round {self.round} is beyond any run (> {max_round})")
         _check(self.active_from <= max_round, f"active_from {self.active_from} is beyond any run")
         _check(self.free_from <= max_round, f"free_from {self.free_from} is beyond any run")
+        _check(self.sit_from <= max_round, f"sit_from {self.sit_from} is beyond any run")
         _check(self.sit_every <= MAX_SIT_EVERY, f"sit_every {self.sit_every} is absurd")
         _check(self.inner_steps <= MAX_INNER_STEPS, f"inner_steps {self.inner_steps} is absurd")
         _check(self.step_time_s <= MAX_STEP_TIME_S, f"step time {self.step_time_s} s is absurd")

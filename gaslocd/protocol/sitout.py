@@ -12,12 +12,17 @@ every peer before the very next round, and sent over the link it saturates: with
 of ~1.5 s it often arrived late, rosters disagreed for a round, and exchanges between
 the *fast* peers failed (bench/results/network_stragglers.md, 3×). Now a change takes
 effect at the old schedule's next paired round, so it has k rounds to arrive; only the
-first sit-out (there is no schedule to announce it ahead) still has one.
+first sit-out (there is no schedule to announce it ahead) still has one. That one also
+names the round it starts from (``sit_from``, the round after the one that decided it):
+a peer still planning an earlier round when the record reaches it pairs the sitter as
+before, as the sitter itself does. Without it the lag ran the other way too: the first
+peer of a netns run, slower out of its lobby, planned round 0 from the newcomer's
+round-1 announcement and refused the newcomer's round-0 exchange (4 runs in 5).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gaslocd.protocol.records import PeerRecord
 
@@ -25,14 +30,26 @@ from gaslocd.protocol.records import PeerRecord
 @dataclass(frozen=True)
 class SitOut:
     """``free_from``: the first round paired; ``every``: paired every that many rounds
-    from it (0 or 1: every round)."""
+    from it (0 or 1: every round); ``sit_from``: the first sit-out's first round (the
+    peer is paired in every round before it; 0: no such rounds)."""
 
     free_from: int = 0
     every: int = 0
+    sit_from: int = 0
 
     @classmethod
     def of(cls, record: PeerRecord) -> SitOut:
-        return cls(record.free_from, record.sit_every)
+        return cls(record.free_from, record.sit_every, record.sit_from)
+
+    def record_fields(self) -> dict[str, int]:
+        """The schedule as a :class:`PeerRecord` carries it."""
+        return {"free_from": self.free_from, "sit_every": self.every, "sit_from": self.sit_from}
+
+    def on(self, record: PeerRecord) -> PeerRecord:
+        """``record`` with this schedule."""
+        return replace(
+            record, free_from=self.free_from, sit_every=self.every, sit_from=self.sit_from
+        )
 
     @property
     def periodic(self) -> bool:
@@ -40,6 +57,8 @@ class SitOut:
         return self.every >= 2
 
     def takes_part(self, round_: int) -> bool:
+        if round_ < self.sit_from:  # planned before the first sit-out: paired as always
+            return True
         if round_ < self.free_from:
             return False
         return not self.periodic or (round_ - self.free_from) % self.every == 0
@@ -71,7 +90,7 @@ class SitOut:
             return self
         every = need if need >= 2 else 0
         if not self.periodic:
-            return SitOut(round_ + need, every)
+            return SitOut(round_ + need, every, round_ + 1)
         return SitOut(self.next_paired(round_), every)
 
 

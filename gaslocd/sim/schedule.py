@@ -109,8 +109,7 @@ class Schedule:
             step_time_s=float(peer.links.step_time_s or 0.0),
             bandwidth_bytes_per_s=float(peer.links.own_bandwidth()),
             version=__version__,
-            free_from=self.sit[k].free_from,
-            sit_every=self.sit[k].every,
+            **self.sit[k].record_fields(),
             reachable=k >= self.unreachable,
         )
 

@@ -39,7 +39,7 @@ def test_a_schedule_pairs_every_kth_round_from_free_from() -> None:
 
 def test_a_slow_link_sits_out_from_the_next_round_and_then_keeps_its_schedule() -> None:
     sit = SitOut().after(7, 3)
-    assert sit == SitOut(10, 3)
+    assert sit == SitOut(10, 3, sit_from=8)
     assert sit.after(10, 3) is sit and sit.after(13, 3) is sit  # published once
     assert sit.after(13, None) is sit  # a round with nothing planned changes nothing
     assert SitOut().after(7, 0) == SitOut() and SitOut().after(7, None) == SitOut()
@@ -67,6 +67,27 @@ def test_every_change_leaves_the_rounds_until_the_next_pairing_as_they_were(
             ]
         else:
             assert all(new.takes_part(r) for r in later)
+
+
+def test_a_first_sit_out_leaves_the_rounds_up_to_its_deciding_one_as_they_were() -> None:
+    """The first sit-out has no schedule to announce it ahead: decided in round 7, it
+    starts at 8. A peer still planning round 7 or earlier when the new record reaches it
+    (a slower start: the first peer out of its lobby last) pairs the sitter as the old
+    record said, as the sitter itself does; round 8 on, both leave it out until 10.
+    Before, the late planner left it out of round 0 while it paired itself (netns)."""
+    others = [record(p, 6) for p in ("a", "b", "c")]
+    old = record("s", 7)
+    sit = SitOut.of(old).after(7, 3)
+    new = sit.on(replace(old, round=8))
+
+    def ids(rec: PeerRecord, t: int) -> list[str]:
+        return [r.peer_id for r in active_roster([*others, rec], t)]
+
+    for t in range(0, 8):
+        assert ids(new, t) == ids(old, t) == ["a", "b", "c", "s"]
+    assert [t for t in range(8, 14) if "s" in ids(new, t)] == [10, 13]
+    # A change of an existing schedule names no such round: its own rule holds.
+    assert sit.after(10, 5).sit_from == 0
 
 
 def test_peers_with_the_old_and_the_new_record_compute_the_same_rosters() -> None:
@@ -103,7 +124,7 @@ def test_a_slow_peer_planning_round_after_round_publishes_its_schedule_once() ->
         if after != sit:
             published.append((t, after))
         sit = after
-    assert published == [(5, SitOut(8, 3))]
+    assert published == [(5, SitOut(8, 3, sit_from=6))]
 
 
 def test_k_shrinks_only_when_the_smaller_one_holds_with_margin() -> None:
@@ -138,11 +159,11 @@ def test_a_peer_on_a_schedule_is_paced_on_only_in_the_rounds_it_is_paired_in() -
 
 
 def test_a_record_carries_its_schedule_and_an_old_one_has_none() -> None:
-    rec = replace(record("s", 12, free_from=14, sit_every=3), started_at=time.time())
+    rec = replace(record("s", 12, free_from=14, sit_every=3), sit_from=11, started_at=time.time())
     assert PeerRecord.from_wire(rec.to_wire()) == rec
     old = rec.to_wire()
-    del old["sit_every"]  # a peer from before the field: paired every round from free_from
-    assert PeerRecord.from_wire(old).sit_every == 0
+    del old["sit_every"], old["sit_from"]  # a peer from before the fields
+    assert PeerRecord.from_wire(old).sit_every == 0 and PeerRecord.from_wire(old).sit_from == 0
     with pytest.raises(ValueError, match="sit_every must be an int"):
         PeerRecord.from_wire({**old, "sit_every": -1})
     forged = PeerRecord.from_wire({**old, "sit_every": 2**40})
