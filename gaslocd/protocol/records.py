@@ -60,7 +60,7 @@ class PeerRecord:
     # (gaslocd.algorithm.topology.dialer) and is never paired with another such peer.
     reachable: bool = True
     sit_every: int = 0  # 0 or 1: paired every round from free_from
-    sit_from: int = 0  # a first sit-out's first round: paired in every round before it
+    sit_from: int = 0  # the round after the one that decided the schedule (sitout.py)
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -12,12 +12,17 @@ every peer before the very next round, and sent over the link it saturates: with
 of ~1.5 s it often arrived late, rosters disagreed for a round, and exchanges between
 the *fast* peers failed (bench/results/network_stragglers.md, 3×). Now a change takes
 effect at the old schedule's next paired round, so it has k rounds to arrive; only the
-first sit-out (there is no schedule to announce it ahead) still has one. That one also
-names the round it starts from (``sit_from``, the round after the one that decided it):
-a peer still planning an earlier round when the record reaches it pairs the sitter as
-before, as the sitter itself does. Without it the lag ran the other way too: the first
-peer of a netns run, slower out of its lobby, planned round 0 from the newcomer's
-round-1 announcement and refused the newcomer's round-0 exchange (4 runs in 5).
+first sit-out (there is no schedule to announce it ahead) still has one.
+
+A record also names the round after the one that decided it (``sit_from``): a peer still
+planning that round or an earlier one when the record reaches it pairs the sitter as the
+previous record said, as the sitter itself does. Without it the lag ran the other way
+too: the first peer of a netns run, slower out of its lobby, planned round 0 from the
+newcomer's round-1 announcement and refused its round-0 exchange (4 runs in 5); and a
+change decided in a paired round left the sitter out of that very round for a late
+planner. The previous schedule needs no field of its own: a first sit-out's first
+pairing is k rounds after its deciding round d (``free_from − d = every``), a change's is
+the old schedule's next pairing, old k rounds after d (and old k ≠ the new one).
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from gaslocd.protocol.records import PeerRecord
 @dataclass(frozen=True)
 class SitOut:
     """``free_from``: the first round paired; ``every``: paired every that many rounds
-    from it (0 or 1: every round); ``sit_from``: the first sit-out's first round (the
-    peer is paired in every round before it; 0: no such rounds)."""
+    from it (0 or 1: every round); ``sit_from``: the round after the one that decided
+    it (0: none named), before which the previous schedule holds (see the module doc)."""
 
     free_from: int = 0
     every: int = 0
@@ -57,11 +62,17 @@ class SitOut:
         return self.every >= 2
 
     def takes_part(self, round_: int) -> bool:
-        if round_ < self.sit_from:  # planned before the first sit-out: paired as always
-            return True
+        if round_ < self.sit_from:
+            return self._before(round_)
         if round_ < self.free_from:
             return False
         return not self.periodic or (round_ - self.free_from) % self.every == 0
+
+    def _before(self, round_: int) -> bool:
+        """Round ``round_`` (up to the deciding one) as the previous schedule had it."""
+        decided = self.sit_from - 1
+        cycle = self.free_from - decided  # a first sit-out: our k; a change: the old k
+        return cycle == self.every or cycle <= 0 or (decided - round_) % cycle == 0
 
     def next_paired(self, round_: int) -> int:
         """The first round after ``round_`` that this peer is paired in."""
@@ -91,7 +102,7 @@ class SitOut:
         every = need if need >= 2 else 0
         if not self.periodic:
             return SitOut(round_ + need, every, round_ + 1)
-        return SitOut(self.next_paired(round_), every)
+        return SitOut(self.next_paired(round_), every, round_ + 1)
 
 
 def takes_part(record: PeerRecord, round_: int) -> bool:
