@@ -190,12 +190,12 @@ def test_a_link_too_slow_for_a_round_sits_out_and_its_long_exchanges_land(
     bench/stragglers_net.py's to say.)"""
     with netns.NetLab(4, rate_mbit=[200, 200, 200, 1.0]) as lab:
         extra = ("--min-peers", "4", "--overlap", "--eval-every", "0", "--inner-steps", "20")
-        # The default inner lr, not FAST_FLAGS' 3e-3: at that rate the tiny model moves
-        # so fast that a leaf whose first long exchanges fail (its first plans often
-        # disagree with its partner's: "not-a-partner") drifts past the norm bound from
-        # everyone within ~16 rounds, and every state it then fetches over its 1 Mbit/s
-        # link is a bound's worth stale on arrival: 3 of 8 runs (and a CI run) locked it
-        # out for good. Which is issue 13's to fix; this test is about long exchanges.
+        # The default inner lr, not FAST_FLAGS' 3e-3: at that rate the tiny model drifts
+        # to the norm bound between the leaf's exchanges (a later long exchange refused
+        # as norm-bound in 2 of 11 runs), and a leaf that misses a few may not come back:
+        # each state it fetches over 1 Mbit/s is rounds stale on arrival (issue 13).
+        # Before the first sit-out named its round (sit_from), the leaf's first long
+        # exchanges failed in 4 runs of 5 and 3 of 8 runs (and a CI run) locked it out.
         extra += ("--inner-lr", "1e-3")
         # Info logs: a failure then shows why each exchange failed, at every end.
         daemons = _start(lab, 4, reaper, *extra, "--log-level", "INFO")
