@@ -293,9 +293,11 @@ class Membership:
         ]
         try:
             states = await asyncio.gather(*tasks)
-        finally:  # one raised (a refused token) or we were cancelled: stop the other
+        except BaseException:  # one raised (a refused token) or we were cancelled
             for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # stopped, not abandoned
+            raise
         if measured:  # they shared our link: its rate is their bytes over the longest
             seconds = max(t for t, _ in measured)
             self.rt.links.record_transfer(STATE_FETCH, seconds, sum(n for _, n in measured))

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 import torch
 
@@ -159,3 +160,30 @@ def test_the_two_states_compared_are_asked_for_at_once() -> None:
     assert asked == [("a", 0), ("b", 0)] and len(m.adopted) == 1
     # Their shared transfer measured our link once, with both states' bytes.
     assert list(m.rt.links.bandwidth) == [membership.STATE_FETCH]
+
+
+def test_a_refused_token_stops_the_other_fetch_at_once() -> None:
+    """The two sources are asked at once: the one that refuses our token ends the join,
+    and the other fetch is stopped, not left streaming a state nobody will take."""
+    m = _membership({})
+    stopped = asyncio.Event()
+
+    async def fetch_state(address: str, *_: Any, peer: str, **__: Any) -> PeerState:
+        if peer == "a":
+            md = grpc.aio.Metadata()
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAUTHENTICATED, md, md, "bad token")
+        try:
+            await asyncio.Event().wait()  # a slow link: never done on its own
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+        raise AssertionError("unreachable")
+
+    m.rt.server.client.fetch_state = fetch_state
+
+    async def body() -> None:
+        with pytest.raises(StartupError, match="refused our join token"):
+            await asyncio.wait_for(m.fetch_state([_rec("a", 10), _rec("b", 10)]), 10)
+        assert stopped.is_set() and m.adopted == []
+
+    asyncio.run(body())
