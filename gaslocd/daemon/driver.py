@@ -211,12 +211,15 @@ class RoundDriver:
             rt.sit = sit
             rt.server.board.sit_out(sit, setup.round)
             rt.spawn(self.membership.publish())
+            # What it was judged on: a borderline link flips with T (the machine's load).
+            mbit, t = 8e-6 * rt.links.known_own_rate(), setup.target_round_s or 0.0
+            why = f"link {mbit:.3g} Mbit/s, T {t:.2f} s"
             rt.progress(
                 f"round {setup.round + 1}: our link needs {sit.every} rounds per exchange; "
-                f"paired every {sit.every} rounds from round {sit.free_from + 1}"
+                f"paired every {sit.every} rounds from round {sit.free_from + 1} ({why})"
                 if sit.periodic
                 else f"round {setup.round + 1}: our link carries θ̃ within a round again; "
-                f"paired every round from round {sit.free_from + 1}"
+                f"paired every round from round {sit.free_from + 1} ({why})"
             )
         rt.telemetry.metrics.sitting_out.set(0 if rt.sit.takes_part(setup.round + 1) else 1)
 
