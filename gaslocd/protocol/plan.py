@@ -176,8 +176,11 @@ def plan_links(
         rate = min(rates) if rates else None
         choice = choose_codec(ladder, numel, rate, FIT * budget_s)
         strict = choose_codec(ladder[-1:], numel, rate, STAY_LONG * budget_s)
-        if q.peer_id in was_long and choice.fits and not strict.fits:
-            choice = strict  # still long unless clearly faster now
+        # Still long unless clearly faster now: a link that was, or any link of ours
+        # while our own was too slow (else a partner new to us made our link "fit" at
+        # once and we left our schedule: the likely cause of the 3T bench's flips).
+        if (q.peer_id in was_long or was_every) and choice.fits and not strict.fits:
+            choice = strict
         codecs[q.peer_id] = choice.codec
         if overlap and not choice.fits and choice.transfer_s is not None:
             long[q.peer_id] = rounds_needed(choice.transfer_s, budget_s)

@@ -166,6 +166,14 @@ def test_a_long_link_stays_long_until_it_is_clearly_fast_enough() -> None:
     assert plan_links(9, mine, partner, None, LADDER, NUMEL, border, True).sit_every == 0
     again = plan_links(9, mine, partner, None, LADDER, NUMEL, border, True, ("a",), 2)
     assert again.sit_every == 2
+    # Also with a partner it never had a long exchange with: its own link is the slow
+    # one, whoever the partner (before, a new partner's link "fit" and it left its
+    # schedule, and its exchanges outlasted rounds: likely the 3T bench's flips).
+    new = [record("b", bandwidth=1e9)]
+    fresh = plan_links(9, mine, new, None, LADDER, NUMEL, border, True, ("a",), 2)
+    assert fresh.sit_every == 2 and fresh.long == {"b": 2} and fresh.codecs == {"b": "q4"}
+    clear = plan_links(9, mine, new, None, LADDER, NUMEL, q4 / 0.55, True, ("a",), 2)
+    assert clear.sit_every == 0 and not clear.long  # clearly fast: back in every round
 
 
 def test_a_link_that_would_take_most_of_a_round_is_long_not_regular() -> None:
