@@ -102,7 +102,7 @@ class Membership:
 
     def record(self) -> PeerRecord:
         rt = self.rt
-        return PeerRecord(
+        record = PeerRecord(
             peer_id=rt.me,
             address=rt.address,
             fingerprint=rt.state.fingerprint,
@@ -113,9 +113,9 @@ class Membership:
             version=__version__,
             started_at=rt.telemetry.runlog.started_at,
             active_from=rt.active_from,
-            **rt.sit.record_fields(),
             reachable=rt.reachable,
         )
+        return rt.sit.on(record)
 
     async def publish(self) -> None:
         try:

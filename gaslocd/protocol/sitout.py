@@ -46,12 +46,8 @@ class SitOut:
     def of(cls, record: PeerRecord) -> SitOut:
         return cls(record.free_from, record.sit_every, record.sit_from)
 
-    def record_fields(self) -> dict[str, int]:
-        """The schedule as a :class:`PeerRecord` carries it."""
-        return {"free_from": self.free_from, "sit_every": self.every, "sit_from": self.sit_from}
-
     def on(self, record: PeerRecord) -> PeerRecord:
-        """``record`` with this schedule."""
+        """``record`` carrying this schedule."""
         return replace(
             record, free_from=self.free_from, sit_every=self.every, sit_from=self.sit_from
         )
@@ -100,9 +96,8 @@ class SitOut:
         if need is None or need == self.every or (need < 2 and not self.periodic):
             return self
         every = need if need >= 2 else 0
-        if not self.periodic:
-            return SitOut(round_ + need, every, round_ + 1)
-        return SitOut(self.next_paired(round_), every, round_ + 1)
+        start = self.next_paired(round_) if self.periodic else round_ + need
+        return SitOut(start, every, round_ + 1)
 
 
 def takes_part(record: PeerRecord, round_: int) -> bool:

@@ -100,7 +100,7 @@ class Schedule:
         peer = self.peers[k]
         if setup is not None:  # a slow link: paired every k rounds (protocol.sitout)
             self.sit[k] = self.sit[k].after(setup.round, setup.sit_every)
-        return PeerRecord(
+        record = PeerRecord(
             peer_id=peer.peer_id,
             address=f"{peer.peer_id}:1",
             fingerprint=self.fingerprint,
@@ -109,9 +109,9 @@ class Schedule:
             step_time_s=float(peer.links.step_time_s or 0.0),
             bandwidth_bytes_per_s=float(peer.links.own_bandwidth()),
             version=__version__,
-            **self.sit[k].record_fields(),
             reachable=k >= self.unreachable,
         )
+        return self.sit[k].on(record)
 
     # -- phase 1: plan, train, fill ---------------------------------------------------------
 
