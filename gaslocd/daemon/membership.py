@@ -231,12 +231,12 @@ class Membership:
         """Take θ, m and the round from a typical peer (:func:`resync_sources`), once its
         state is in range and, when another peer can be asked, agrees with that one's.
 
-        The cross-check is a second full state (at 551M parameters 4.4 GB more over the
-        link, and as much memory for a moment), compared by ‖θ_a − θ_b‖ against the norm
-        bound: a join or resync is rare, and a digest would need the other peer to
-        compute it on a state we have not seen. When the first two disagree a third
-        decides; states that all disagree are all refused, and asked for again a few
-        times (they may have mixed closer since), then the start fails.
+        The cross-check is a second full state, asked for with the first (at 551M
+        parameters 2.2 GB more in fp16, and as much memory), compared by ‖θ_a − θ_b‖
+        against the norm bound: a join or resync is rare, and a digest would need the
+        other peer to compute it on a state we have not seen. When the first two
+        disagree a third decides; states that all disagree are all refused, and asked
+        for again a few times (they may have mixed closer since), then the start fails.
         """
         for attempt in range(STATE_BUSY_RETRIES):
             try:
