@@ -46,12 +46,13 @@ MAX_ROUND = 2**31  # 68 years at one round a second
 MAX_THETA_RMS = 1e3  # an LM's weights have an RMS of order 0.01-1
 MAX_MOMENTUM_RATIO = 10.0
 # The slowest a state may stream and still be waited for (bytes/s, 131 kbit/s). A state is
-# 8 bytes per parameter in fp32: 4.4 GB at 551M, 6 min at 100 Mbit/s (half in fp16). Bounding the whole stream
-# by a fixed time (60 s at the server, 120 s at the client) refused every newcomer on a
-# link slower than ~600 Mbit/s at that size, and, on a 0.28 Mbit/s straggler, the tiny
-# model's 2 MB; so both bounds grow with the state's size at this rate. A reader that
-# stops reading is found by the bound on each chunk, not the whole stream's (which, at
-# this rate, lasts days at 551M): it would hold one of the few GetState slots.
+# 8 bytes per parameter in fp32 (4 in fp16): 4.4 GB at 551M, 6 min at 100 Mbit/s.
+# Bounding the whole stream by a fixed time (60 s at the server, 120 s at the client)
+# refused every newcomer on a link slower than ~600 Mbit/s at that size, and, on a
+# 0.28 Mbit/s straggler, the tiny model's 2 MB; so both bounds grow with the state's size
+# at this rate. A reader that stops reading is found by the bound on each chunk, not the
+# whole stream's (which, at this rate, lasts days at 551M): it would hold one of the few
+# GetState slots.
 STATE_MIN_RATE = 16 * 1024
 
 
