@@ -39,12 +39,13 @@ def test_demo_three_daemons_train_and_stay_close(tmp_path: Path) -> None:
     summary = json.loads(out.read_text())
     curve = [p["val_loss"] for p in summary["val_loss_curve"]]
     assert len(curve) >= 4
-    # Far below an untrained byte-level model (ln 256 ≈ 5.55), and improving on its first
-    # evaluation (after round 1) at some point. Not "the last below the first": on 2
-    # validation batches the points scatter by ±0.07 around a plateau after a few rounds
-    # of 6 steps (seen: 3.0480 last vs 3.0473 first in a clean-clone run).
-    assert min(curve[1:]) < curve[0]
-    assert curve[-1] < math.log(256) - 2.0
+    # Every evaluation far below an untrained byte-level model (ln 256 ≈ 5.55), and no round's
+    # mixing set training back beyond the 2-batch validation's scatter. Not "improves after
+    # its first evaluation": 6 steps already reach the byte-unigram plateau (~2.9) and the
+    # points scatter around it by ±0.1 (CI saw 2.860 first, then 2.95, 2.92, 2.93, 2.98, 2.90;
+    # runs here: 2.96 → 2.85, 3.16 → 2.89). A broken mix lands far above the plateau.
+    assert all(c < math.log(256) - 2.0 for c in curve), curve
+    assert max(curve) < curve[0] + 0.3, curve
     assert summary["workers_reporting"] == 3
     consensus = [p["consensus"] for p in summary["consensus_curve"]]
     # Relative distance of partners' θ̃ after H Adam steps on tiny batches: noisy, but
