@@ -180,7 +180,9 @@ class GossipMixer:
             ok = isinstance(outcome, ExchangeResult) and outcome.peer_refusal is None
             theta = outcome.theta if isinstance(outcome, ExchangeResult) and ok else None
             if isinstance(outcome, ExchangeResult) and ok:
-                rt.links.record_transfer(flight.peer, outcome.transfer_s, outcome.bytes_received)
+                rt.links.record_transfer(
+                    flight.peer, outcome.transfer_s, outcome.bytes_received, outcome.unread_s
+                )
             applied = await rt.thread.call(
                 rt.state.apply_pair_mix, flight.round, flight.weight, theta
             )
@@ -277,7 +279,9 @@ class GossipMixer:
                 rt.telemetry.count_failure("one-sided")
                 refused_ours.add(peer)
                 continue
-            rt.links.record_transfer(peer, outcome.transfer_s, outcome.bytes_received)
+            rt.links.record_transfer(
+                peer, outcome.transfer_s, outcome.bytes_received, outcome.unread_s
+            )
             if slowest is None or outcome.wait_s + outcome.transfer_s > (
                 slowest.wait_s + slowest.transfer_s
             ):

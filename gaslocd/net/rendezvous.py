@@ -50,7 +50,11 @@ class ExchangeResult:
 
     ``transfer_s`` runs from the peer's header to the last checked chunk (the link's
     transfer time, for the H policy); ``wait_s`` is the time before that (the partner
-    still training: idle time). ``peer_refusal`` is set when the peer refused what *we*
+    still training: idle time). ``unread_s``: how long the peer's data could already flow
+    before ``transfer_s`` began: an acceptor that claims a call late (the dialer's data
+    follows its header at once) reads the first bytes from buffers, so its
+    ``transfer_s`` is too short to measure the link (1.2 s late, a q4 θ̃ over 1 Mbit/s
+    "took" 0.026 s: 42 Mbit/s). ``peer_refusal`` is set when the peer refused what *we*
     sent although we received its θ̃ intact (then the exchange is one-sided this round).
     ``codec`` is the codec the peer sent in, ``codec_sent`` the one we sent in: with a
     codec per link the two directions of one exchange may differ.
@@ -67,6 +71,7 @@ class ExchangeResult:
     peer_refusal: str | None = None
     codec_sent: str = ""
     ok: bool = True
+    unread_s: float = 0.0
 
 
 @dataclass(frozen=True)

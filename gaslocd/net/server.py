@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import torch
+from grpc.aio import ServicerContext
 
 import gaslocd
 from gaslocd.config import WireConfig
@@ -256,7 +257,7 @@ class ExchangeServer:
     # -- handlers ----------------------------------------------------------------------
 
     async def _ready_notice(
-        self, request: bytes, context: grpc.aio.ServicerContext, claim: Claim
+        self, request: bytes, context: ServicerContext, claim: Claim
     ) -> pb.ReadyReply:
         try:
             notice = parse_request(pb.ReadyNotice, request)
@@ -269,12 +270,11 @@ class ExchangeServer:
             raise AssertionError("unreachable: abort raises") from None
         return pb.ReadyReply(ready=self._ready.finished >= notice.round)
 
-    async def _exchange(
-        self, _requests: object, context: grpc.aio.ServicerContext, claim: Claim
-    ) -> None:
+    async def _exchange(self, _requests: object, context: ServicerContext, claim: Claim) -> None:
         assert self._board is not None
         try:
             raw = await asyncio.wait_for(context.read(), self.config.header_wait_s)
+            heard = asyncio.get_running_loop().time()  # the dialer's data follows its header
             header = exchange_header_of(raw)
             check_sender(header.sender, claim.sender)
             if header.round != claim.round:
@@ -286,7 +286,7 @@ class ExchangeServer:
             await self._refuse(context, refusal, in_band=True)
             return
         sender = header.sender
-        work = asyncio.ensure_future(self._accept(offer, header, context))
+        work = asyncio.ensure_future(self._accept(offer, header, context, heard))
         offer.tasks.add(work)
         offer.peer_tasks[sender] = work
         try:
@@ -316,7 +316,7 @@ class ExchangeServer:
             offer.resolve(sender, work.result())
 
     async def _accept(
-        self, offer: RoundOffer, header: pb.ExchangeHeader, context: grpc.aio.ServicerContext
+        self, offer: RoundOffer, header: pb.ExchangeHeader, context: ServicerContext, heard: float
     ) -> ExchangeResult:
         assert self._executor is not None
         loop = asyncio.get_running_loop()
@@ -362,11 +362,10 @@ class ExchangeServer:
             bytes_received=received,
             wait_s=max(0.0, t_header - offer.opened_at),
             transfer_s=done[0] - t_header,
+            unread_s=t_header - heard,
         )
 
-    async def _get_state(
-        self, request: bytes, context: grpc.aio.ServicerContext, claim: Claim
-    ) -> None:
+    async def _get_state(self, request: bytes, context: ServicerContext, claim: Claim) -> None:
         assert self._executor is not None
         try:
             req = parse_request(pb.StateRequest, request)
@@ -390,7 +389,7 @@ class ExchangeServer:
         self.stats.bytes_sent += sent
 
     async def _status(
-        self, request: bytes, context: grpc.aio.ServicerContext, _claim: Claim
+        self, request: bytes, context: ServicerContext, _claim: Claim
     ) -> pb.StatusReply:
         try:
             req = parse_request(pb.StatusRequest, request)
@@ -406,7 +405,7 @@ class ExchangeServer:
         )  # fmt: skip
 
     async def _refuse(
-        self, context: grpc.aio.ServicerContext, refusal: Refusal, in_band: bool = False
+        self, context: ServicerContext, refusal: Refusal, in_band: bool = False
     ) -> None:
         """Count, tell the caller (in band too on Exchange, see ``Refusal`` in the .proto), end."""
         self.stats.rejected[refusal.reason] += 1

@@ -39,6 +39,12 @@ FIT = 0.8
 # until its strongest codec's transfer is under this share of the budget. Without it a
 # borderline link flips between long and regular with the load from round to round.
 STAY_LONG = 0.6
+# A transfer timed after its data could already flow for more than this share of its
+# time, and this long (an acceptor that claimed the call late), measures buffers, not the
+# link. Within them it reads at most 1/(1 - share) fast, or 10 ms of the link's bytes
+# early (1.2 kB at 1 Mbit/s): the floor keeps the samples of a punctual acceptor whose
+# loop took a moment to start reading a transfer of a few tens of ms.
+UNREAD_SHARE, UNREAD_FLOOR_S = 0.05, 0.01
 
 
 def ewma(old: float | None, new: float) -> float:
@@ -65,8 +71,15 @@ class LinkEstimates:
     def record_step_time(self, seconds: float) -> None:
         self.step_time_s = ewma(self.step_time_s, seconds)
 
-    def record_transfer(self, peer: str, seconds: float, nbytes: int) -> None:
-        if seconds <= 0:
+    def record_transfer(
+        self, peer: str, seconds: float, nbytes: int, unread_s: float = 0.0
+    ) -> None:
+        """One exchange's ``nbytes`` received in ``seconds``; ``unread_s``: how long the
+        partner's data could arrive before the clock started (ExchangeResult.unread_s).
+        Such a sample is dropped, not corrected: how much was buffered is unknown, and
+        an inflated own rate takes a slow peer off its sit-out schedule, then every
+        exchange it tries misses its round."""
+        if seconds <= 0 or unread_s > max(UNREAD_SHARE * seconds, UNREAD_FLOOR_S):
             return
         self.transfer_s[peer] = ewma(self.transfer_s.get(peer), seconds)
         self.bandwidth[peer] = ewma(self.bandwidth.get(peer), nbytes / seconds)

@@ -18,7 +18,7 @@ from gaslocd.net.frames import frame_header
 from gaslocd.net.rendezvous import ExchangeFailure, ExchangeResult
 from gaslocd.net.server import ExchangeServer
 from gaslocd.net.validation import Identity
-from gaslocd.protocol.plan import MAX_LONG_ROUNDS
+from gaslocd.protocol.plan import MAX_LONG_ROUNDS, LinkEstimates
 
 pytestmark = pytest.mark.net
 
@@ -175,3 +175,43 @@ def test_a_long_exchange_calls_again_while_its_partner_has_not_reached_the_round
             assert isinstance(out_b[A], ExchangeResult)
 
     asyncio.run(main())
+
+
+def test_a_late_acceptor_does_not_time_the_bytes_it_finds_buffered_as_its_link() -> None:
+    """The dialer streams right after its header; an acceptor whose round opens later reads
+    the first bytes (here all of them) from buffers, so its transfer time is not its link's
+    (a 1 Mbit/s straggler on real daemons took 42 Mbit/s from one, left its sit-out schedule
+    and missed its exchanges after). It says how long the data could arrive unread, and
+    the sample is dropped; the dialer's, timed from the acceptor's reply, counts."""
+    late_s = 0.3  # how late b opens: the situation under test, not a synchronisation
+
+    async def main() -> tuple[ExchangeResult | ExchangeFailure, ExchangeResult | ExchangeFailure]:
+        async with _servers({A: FP32, B: FP32}) as s:
+            a, b = s[A], s[B]
+            arrived = asyncio.Event()
+            board = b._board  # a seam: when a's call starts waiting for b's round
+            assert board is not None
+            claim = board.claim
+
+            async def seen(round_: int, sender: str, timeout_s: float):  # type: ignore[no-untyped-def]
+                arrived.set()
+                return await claim(round_, sender, timeout_s)
+
+            board.claim = seen  # type: ignore[method-assign]
+            await a.open_round(1, _theta(A), {B: _address(s, B)})
+            dial = asyncio.ensure_future(a.exchange_round(1, 20.0))
+            await asyncio.wait_for(arrived.wait(), 10)
+            await asyncio.sleep(late_s)
+            await b.open_round(1, _theta(B), {A: _address(s, A)})
+            accepted = await asyncio.wait_for(b.exchange_round(1, 10.0), 20)
+            dialed = await asyncio.wait_for(dial, 20)
+            return dialed[B], accepted[A]
+
+    dialed, accepted = asyncio.run(main())
+    assert isinstance(dialed, ExchangeResult) and isinstance(accepted, ExchangeResult)
+    assert accepted.role == "accept" and accepted.unread_s >= late_s
+    assert dialed.role == "dial" and dialed.unread_s == 0.0
+    links = LinkEstimates()
+    links.record_transfer(A, accepted.transfer_s, accepted.bytes_received, accepted.unread_s)
+    links.record_transfer(B, dialed.transfer_s, dialed.bytes_received, dialed.unread_s)
+    assert set(links.bandwidth) == {B}

@@ -117,6 +117,19 @@ def test_one_slow_exchange_does_not_make_a_peer_think_its_own_link_slow() -> Non
     assert joined.known_own_rate() == pytest.approx(2e6)
 
 
+def test_a_transfer_timed_after_its_bytes_were_buffered_is_not_a_link_rate() -> None:
+    """A late acceptor's bytes partly arrived before it read them (unread_s): seen on real
+    daemons, a 1 Mbit/s straggler 'received' 138 kB in 0.026 s and published 42 Mbit/s."""
+    links = LinkEstimates()
+    links.record_transfer("early-dialer", 0.026, 138_512, unread_s=1.186)
+    links.record_transfer("early-dialer-2", 1.0, 125_000, unread_s=0.2)  # 20 % unread
+    assert links.bandwidth == {} and links.transfer_s == {} and links.known_own_rate() == 0
+    # Punctual: a moment to start reading is within the share, or the 10 ms floor.
+    links.record_transfer("on-time", 1.0, 125_000, unread_s=0.04)
+    links.record_transfer("fast", 0.03, 150_000, unread_s=0.008)
+    assert links.bandwidth == {"on-time": 125_000.0, "fast": 5e6}
+
+
 def test_nobody_paces_on_a_peer_that_sits_out() -> None:
     policy = RoundPolicy("a", record_ttl_s=15.0, h_upper=40)
     records = [record("a", 10), record("b", 10), record("s", 6, free_from=14)]
