@@ -325,9 +325,10 @@ class Membership:
             state = await rt.server.client.fetch_state(
                 record.address,
                 expected,
-                state_read_s(most * sharing, STATE_FETCH_TIMEOUT_S),
+                state_read_s(most, STATE_FETCH_TIMEOUT_S, sharing),
                 peer=record.peer_id,
                 codec=STATE_CODEC,
+                streams=sharing,
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:

@@ -289,10 +289,12 @@ class PeerClient:
         peer: str,
         max_round: int = MAX_ROUND,
         codec: str = "fp32",
+        streams: int = 1,
     ) -> PeerState:
         """Stream the state (θ, outer momentum, ...) sized as ``expected`` of ``peer``,
         asked for in ``codec`` (:data:`~gaslocd.net.state.STATE_CODECS`; it may come as
-        fp32: ``PeerState.codec`` says).
+        fp32: ``PeerState.codec`` says); ``streams``: how many we read at once (the server
+        then allows each a share of its minimum rate).
 
         Raises :class:`Refusal` when the reply fails our checks (sizes, ranges: see
         :mod:`gaslocd.net.state`), :class:`AuthFailure` when the server does not prove it
@@ -304,6 +306,7 @@ class PeerClient:
             sender=self.me.peer_id,
             fingerprint=self.me.fingerprint,
             codec=codec,
+            streams=streams,
         )
         metadata, claim = self.auth.metadata(peer, "GetState")
         call = self.channel(address).unary_stream(

@@ -380,7 +380,7 @@ class ExchangeServer:
         state = await self._state.get(self._board.latest_round if self._board else None)
         try:  # a caller that stops reading holds one of the few GetState slots: bounded
             sent = await send_state(
-                context.write, state, self.me, self.config, self._executor, codec
+                context.write, state, self.me, self.config, self._executor, codec, req.streams
             )
         except TimeoutError:  # its status queues behind what it did not read: the slot is freed
             late = Refusal("timeout", "the state was not read in time")

@@ -56,9 +56,22 @@ MAX_MOMENTUM_RATIO = 10.0
 STATE_MIN_RATE = 16 * 1024
 
 
-def state_read_s(nbytes: int, floor_s: float) -> float:
-    """How long ``nbytes`` of state may take to stream: ``floor_s`` at least."""
-    return max(floor_s, nbytes / STATE_MIN_RATE)
+# A caller that reads this many states at once (a join's cross-check: two) shares its
+# link between them, and each stream may go at that share of STATE_MIN_RATE: two over a
+# 224 kbit/s link read 14 kB/s each, and every straggler's join there timed out. More
+# streams do not count: a caller claiming them only slows the bound on its slot.
+MAX_STATE_STREAMS = 2
+
+
+def state_streams(asked: int) -> int:
+    """The streams a StateRequest's ``streams`` counts for (0, an older caller: one)."""
+    return min(max(asked, 1), MAX_STATE_STREAMS)
+
+
+def state_read_s(nbytes: int, floor_s: float, streams: int = 1) -> float:
+    """How long ``nbytes`` of state may take to stream, one of ``streams`` read at once
+    over the reader's link: ``floor_s`` at least."""
+    return max(floor_s, nbytes * state_streams(streams) / STATE_MIN_RATE)
 
 
 @dataclass(frozen=True)
@@ -110,12 +123,14 @@ async def send_state(
     config: WireConfig,
     executor: Executor,
     codec_name: str = "fp32",
+    streams: int = 1,
 ) -> int:
     """Write the header and every tensor's bytes in ``codec_name`` (:data:`STATE_CODECS`;
     fp32 instead when a value would not survive it); returns the bytes written. Raises
-    ``TimeoutError`` when the reader is slower than :data:`STATE_MIN_RATE`: over the
-    whole state, or for one chunk (``config.accept_wait_s`` at least, either way)."""
-    stall_s = state_read_s(config.chunk_bytes, config.accept_wait_s)
+    ``TimeoutError`` when the reader is slower than :data:`STATE_MIN_RATE` (its share,
+    one of ``streams``): over the whole state, or for one chunk (``config.accept_wait_s``
+    at least, either way)."""
+    stall_s = state_read_s(config.chunk_bytes, config.accept_wait_s, streams)
     loop = asyncio.get_running_loop()
     if not await loop.run_in_executor(executor, fits_codec, state, codec_name):
         codec_name = "fp32"
@@ -136,7 +151,7 @@ async def send_state(
         codec=codec.name,
     )
     nbytes = state_nbytes((t.numel() for t in state.tensors.values()), codec.name)
-    async with asyncio.timeout(state_read_s(nbytes, config.accept_wait_s)):
+    async with asyncio.timeout(state_read_s(nbytes, config.accept_wait_s, streams)):
         first = frame_state_header(header)
         await bounded(first)
         sent = len(first)

@@ -34,11 +34,14 @@ WAIT_S = 0.5  # accept_wait_s: the old bound on the whole stream
 STATE = PeerState(3, 0, {"theta": torch.ones(NUMEL), "outer_momentum": torch.zeros(NUMEL)})
 
 
-async def _read(address: str, pause_s: float, stop_after: int | None) -> tuple[int, int, str]:
+async def _read(
+    address: str, pause_s: float, stop_after: int | None, streams: int = 0
+) -> tuple[int, int, str]:
     """GetState as peer ``cli``, pausing ``pause_s`` after each message (a slow link);
-    ``stop_after``: stop reading after that many messages and wait for the call's end.
+    ``stop_after``: stop reading after that many messages and wait for the call's end;
+    ``streams``: how many states the request says it reads at once.
     Returns (messages, bytes, status code name)."""
-    request = pb.StateRequest(run_id=RUN, sender="cli", fingerprint="fp")
+    request = pb.StateRequest(run_id=RUN, sender="cli", fingerprint="fp", streams=streams)
     metadata = auth_for(RUN, "cli", "t").metadata("srv", "GetState")[0]
     count = nbytes = 0
     async with grpc.aio.insecure_channel(address) as chan:
@@ -117,3 +120,32 @@ def test_a_reader_that_stops_reading_is_refused_after_a_chunks_worth_and_frees_i
             await server.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_reader_of_two_states_at_once_gets_twice_as_long_per_chunk_and_no_more() -> None:
+    """A join asks two peers for their states together (same-moment snapshots to cross-
+    check), so each stream gets half its link: the request says so and each server allows
+    half its minimum rate. Over 224 kbit/s the two streams read 14 kB/s each, under the
+    16 KiB/s minimum, and every such join timed out (bench/stragglers_net.py at 10× T).
+    A caller claiming more streams than that gets no longer."""
+    stall_s = state_read_s(CHUNK, WAIT_S)
+
+    async def refused_after(streams: int) -> float:
+        server = _server(Limits(state_fetches=1))
+        address = f"127.0.0.1:{await server.start('127.0.0.1', 0)}"
+        try:
+            began = time.monotonic()
+            stalled = asyncio.ensure_future(_read(address, 0.0, 2, streams))
+            while server.stats.rejected["timeout"] == 0:
+                assert time.monotonic() - began < 3 * stall_s + 15, "never refused"
+                await asyncio.sleep(0.1)  # polling a counter, bounded above
+            stalled.cancel()
+            await asyncio.gather(stalled, return_exceptions=True)
+            return time.monotonic() - began
+        finally:
+            await server.stop()
+
+    two, many = asyncio.run(refused_after(2)), asyncio.run(refused_after(50))
+    assert state_read_s(CHUNK, WAIT_S, 2) == 2 * stall_s == state_read_s(CHUNK, WAIT_S, 50)
+    assert 2 * stall_s <= two < 3 * stall_s, two
+    assert 2 * stall_s <= many < 3 * stall_s, many

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgaslocd/net/proto/peer.proto\x12\ngaslocd.v1\"\xa6\x01\n\x05\x43hunk\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.gaslocd.v1.ExchangeHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12/\n\x0cstate_header\x18\x03 \x01(\x0b\x32\x17.gaslocd.v1.StateHeaderH\x00\x12&\n\x07refusal\x18\x04 \x01(\x0b\x32\x13.gaslocd.v1.RefusalH\x00\x42\x06\n\x04\x62ody\"7\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xf2\x01\n\x0e\x45xchangeHeader\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0e\n\x06sender\x18\x03 \x01(\t\x12\x15\n\rroster_digest\x18\x04 \x01(\x0c\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\r\n\x05numel\x18\x07 \x01(\x04\x12\x16\n\x0e\x65ncoded_nbytes\x18\x08 \x01(\x04\x12\x13\n\x0b\x63hunk_bytes\x18\t \x01(\r\x12\x13\n\x0blong_rounds\x18\x0b \x01(\r\x12\x18\n\x10link_bytes_per_s\x18\x0c \x01(\x04J\x04\x08\n\x10\x0bR\x05token\"_\n\x0cStateRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\r\n\x05\x63odec\x18\x05 \x01(\tJ\x04\x08\x04\x10\x05R\x05token\")\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05numel\x18\x02 \x01(\x04\"\x93\x02\n\x0bStateHeader\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x15\n\rdata_position\x18\x04 \x01(\x04\x12\'\n\x07tensors\x18\x05 \x03(\x0b\x32\x16.gaslocd.v1.TensorInfo\x12\x13\n\x0b\x63hunk_bytes\x18\x06 \x01(\r\x12\x31\n\x05\x65xtra\x18\x07 \x03(\x0b\x32\".gaslocd.v1.StateHeader.ExtraEntry\x12\r\n\x05\x63odec\x18\t \x01(\t\x1a,\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x08\x10\tR\x05token\",\n\rStatusRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\tJ\x04\x08\x02\x10\x03R\x05token\"I\n\x0bReadyNotice\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0e\n\x06sender\x18\x03 \x01(\tJ\x04\x08\x04\x10\x05R\x05token\"\x1b\n\nReadyReply\x12\r\n\x05ready\x18\x01 \x01(\x08\"S\n\x0cProbeRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x11\n\tgrpc_port\x18\x03 \x01(\r\x12\x10\n\x08\x64ht_port\x18\x04 \x01(\r\"R\n\nProbeReply\x12\x16\n\x0egrpc_reachable\x18\x01 \x01(\x08\x12\x15\n\rdht_reachable\x18\x02 \x01(\x08\x12\x15\n\robserved_host\x18\x03 \x01(\t\"\xb2\x01\n\x0bStatusReply\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x33\n\x06\x66ields\x18\x05 \x03(\x0b\x32#.gaslocd.v1.StatusReply.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xaa\x02\n\x04Peer\x12\x34\n\x08\x45xchange\x12\x11.gaslocd.v1.Chunk\x1a\x11.gaslocd.v1.Chunk(\x01\x30\x01\x12\x39\n\x08GetState\x12\x18.gaslocd.v1.StateRequest\x1a\x11.gaslocd.v1.Chunk0\x01\x12<\n\x06Status\x12\x19.gaslocd.v1.StatusRequest\x1a\x17.gaslocd.v1.StatusReply\x12\x38\n\x05Ready\x12\x17.gaslocd.v1.ReadyNotice\x1a\x16.gaslocd.v1.ReadyReply\x12\x39\n\x05Probe\x12\x18.gaslocd.v1.ProbeRequest\x1a\x16.gaslocd.v1.ProbeReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgaslocd/net/proto/peer.proto\x12\ngaslocd.v1\"\xa6\x01\n\x05\x43hunk\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.gaslocd.v1.ExchangeHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12/\n\x0cstate_header\x18\x03 \x01(\x0b\x32\x17.gaslocd.v1.StateHeaderH\x00\x12&\n\x07refusal\x18\x04 \x01(\x0b\x32\x13.gaslocd.v1.RefusalH\x00\x42\x06\n\x04\x62ody\"7\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xf2\x01\n\x0e\x45xchangeHeader\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0e\n\x06sender\x18\x03 \x01(\t\x12\x15\n\rroster_digest\x18\x04 \x01(\x0c\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\x12\r\n\x05\x63odec\x18\x06 \x01(\t\x12\r\n\x05numel\x18\x07 \x01(\x04\x12\x16\n\x0e\x65ncoded_nbytes\x18\x08 \x01(\x04\x12\x13\n\x0b\x63hunk_bytes\x18\t \x01(\r\x12\x13\n\x0blong_rounds\x18\x0b \x01(\r\x12\x18\n\x10link_bytes_per_s\x18\x0c \x01(\x04J\x04\x08\n\x10\x0bR\x05token\"p\n\x0cStateRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\r\n\x05\x63odec\x18\x05 \x01(\t\x12\x0f\n\x07streams\x18\x06 \x01(\rJ\x04\x08\x04\x10\x05R\x05token\")\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05numel\x18\x02 \x01(\x04\"\x93\x02\n\x0bStateHeader\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x15\n\rdata_position\x18\x04 \x01(\x04\x12\'\n\x07tensors\x18\x05 \x03(\x0b\x32\x16.gaslocd.v1.TensorInfo\x12\x13\n\x0b\x63hunk_bytes\x18\x06 \x01(\r\x12\x31\n\x05\x65xtra\x18\x07 \x03(\x0b\x32\".gaslocd.v1.StateHeader.ExtraEntry\x12\r\n\x05\x63odec\x18\t \x01(\t\x1a,\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x08\x10\tR\x05token\",\n\rStatusRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\tJ\x04\x08\x02\x10\x03R\x05token\"I\n\x0bReadyNotice\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0e\n\x06sender\x18\x03 \x01(\tJ\x04\x08\x04\x10\x05R\x05token\"\x1b\n\nReadyReply\x12\r\n\x05ready\x18\x01 \x01(\x08\"S\n\x0cProbeRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x11\n\tgrpc_port\x18\x03 \x01(\r\x12\x10\n\x08\x64ht_port\x18\x04 \x01(\r\"R\n\nProbeReply\x12\x16\n\x0egrpc_reachable\x18\x01 \x01(\x08\x12\x15\n\rdht_reachable\x18\x02 \x01(\x08\x12\x15\n\robserved_host\x18\x03 \x01(\t\"\xb2\x01\n\x0bStatusReply\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x33\n\x06\x66ields\x18\x05 \x03(\x0b\x32#.gaslocd.v1.StatusReply.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xaa\x02\n\x04Peer\x12\x34\n\x08\x45xchange\x12\x11.gaslocd.v1.Chunk\x1a\x11.gaslocd.v1.Chunk(\x01\x30\x01\x12\x39\n\x08GetState\x12\x18.gaslocd.v1.StateRequest\x1a\x11.gaslocd.v1.Chunk0\x01\x12<\n\x06Status\x12\x19.gaslocd.v1.StatusRequest\x1a\x17.gaslocd.v1.StatusReply\x12\x38\n\x05Ready\x12\x17.gaslocd.v1.ReadyNotice\x1a\x16.gaslocd.v1.ReadyReply\x12\x39\n\x05Probe\x12\x18.gaslocd.v1.ProbeRequest\x1a\x16.gaslocd.v1.ProbeReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,27 +42,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXCHANGEHEADER']._serialized_start=271
   _globals['_EXCHANGEHEADER']._serialized_end=513
   _globals['_STATEREQUEST']._serialized_start=515
-  _globals['_STATEREQUEST']._serialized_end=610
-  _globals['_TENSORINFO']._serialized_start=612
-  _globals['_TENSORINFO']._serialized_end=653
-  _globals['_STATEHEADER']._serialized_start=656
-  _globals['_STATEHEADER']._serialized_end=931
-  _globals['_STATEHEADER_EXTRAENTRY']._serialized_start=874
-  _globals['_STATEHEADER_EXTRAENTRY']._serialized_end=918
-  _globals['_STATUSREQUEST']._serialized_start=933
-  _globals['_STATUSREQUEST']._serialized_end=977
-  _globals['_READYNOTICE']._serialized_start=979
-  _globals['_READYNOTICE']._serialized_end=1052
-  _globals['_READYREPLY']._serialized_start=1054
-  _globals['_READYREPLY']._serialized_end=1081
-  _globals['_PROBEREQUEST']._serialized_start=1083
-  _globals['_PROBEREQUEST']._serialized_end=1166
-  _globals['_PROBEREPLY']._serialized_start=1168
-  _globals['_PROBEREPLY']._serialized_end=1250
-  _globals['_STATUSREPLY']._serialized_start=1253
-  _globals['_STATUSREPLY']._serialized_end=1431
-  _globals['_STATUSREPLY_FIELDSENTRY']._serialized_start=1386
-  _globals['_STATUSREPLY_FIELDSENTRY']._serialized_end=1431
-  _globals['_PEER']._serialized_start=1434
-  _globals['_PEER']._serialized_end=1732
+  _globals['_STATEREQUEST']._serialized_end=627
+  _globals['_TENSORINFO']._serialized_start=629
+  _globals['_TENSORINFO']._serialized_end=670
+  _globals['_STATEHEADER']._serialized_start=673
+  _globals['_STATEHEADER']._serialized_end=948
+  _globals['_STATEHEADER_EXTRAENTRY']._serialized_start=891
+  _globals['_STATEHEADER_EXTRAENTRY']._serialized_end=935
+  _globals['_STATUSREQUEST']._serialized_start=950
+  _globals['_STATUSREQUEST']._serialized_end=994
+  _globals['_READYNOTICE']._serialized_start=996
+  _globals['_READYNOTICE']._serialized_end=1069
+  _globals['_READYREPLY']._serialized_start=1071
+  _globals['_READYREPLY']._serialized_end=1098
+  _globals['_PROBEREQUEST']._serialized_start=1100
+  _globals['_PROBEREQUEST']._serialized_end=1183
+  _globals['_PROBEREPLY']._serialized_start=1185
+  _globals['_PROBEREPLY']._serialized_end=1267
+  _globals['_STATUSREPLY']._serialized_start=1270
+  _globals['_STATUSREPLY']._serialized_end=1448
+  _globals['_STATUSREPLY_FIELDSENTRY']._serialized_start=1403
+  _globals['_STATUSREPLY_FIELDSENTRY']._serialized_end=1448
+  _globals['_PEER']._serialized_start=1451
+  _globals['_PEER']._serialized_end=1749
 # @@protoc_insertion_point(module_scope)

@@ -55,16 +55,18 @@ class ExchangeHeader(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., roster_digest: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., codec: _Optional[str] = ..., numel: _Optional[int] = ..., encoded_nbytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., long_rounds: _Optional[int] = ..., link_bytes_per_s: _Optional[int] = ...) -> None: ...
 
 class StateRequest(_message.Message):
-    __slots__ = ("run_id", "sender", "fingerprint", "codec")
+    __slots__ = ("run_id", "sender", "fingerprint", "codec", "streams")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     sender: str
     fingerprint: str
     codec: str
-    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., fingerprint: _Optional[str] = ..., codec: _Optional[str] = ...) -> None: ...
+    streams: int
+    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., fingerprint: _Optional[str] = ..., codec: _Optional[str] = ..., streams: _Optional[int] = ...) -> None: ...
 
 class TensorInfo(_message.Message):
     __slots__ = ("name", "numel")
