@@ -302,8 +302,9 @@ def run_fleet(fleet: Fleet, args: argparse.Namespace, work: Path) -> dict[str, A
             t1 = time.time()
             after = [_counters(lab, i) for i in range(n)]
             scraped[1] = scrape(lab)
-            for p in procs:
-                os.killpg(p.pid, signal.SIGTERM)
+            for p in procs:  # the daemon alone, as `docker stop` does: a SIGTERM to its
+                # group also ends its DHT child, and no stop could withdraw its record
+                p.send_signal(signal.SIGTERM)
             for i, p in enumerate(procs):
                 try:
                     p.wait(timeout=120)

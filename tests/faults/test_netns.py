@@ -219,6 +219,8 @@ def test_a_link_too_slow_for_a_round_sits_out_and_its_long_exchanges_land(
             assert "Traceback" not in d.output(), d.output()
             # (a round cut short by the stop trains no step: its mean loss reads nan)
             assert all(m.group("loss") != "nan" for m in d.rounds() if int(m.group("h")) > 0)
+        # The slow leaf's stop withdrew its record over its 1 Mbit/s link.
+        assert "shutdown step failed" not in slow.output(), slow.output()
 
 
 _NAT_OK, _NAT_WHY = netns.nat_available() if _OK else (False, _WHY)
