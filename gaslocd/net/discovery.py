@@ -360,16 +360,17 @@ class Discovery:
         """Tell the run that this peer left, so that peers stop pairing with it at once.
 
         hivemind keeps the value with the latest expiration per subkey and cannot delete,
-        so this stores a signed tombstone that expires just after the last record would
-        have: it wins over every replica of that record and then disappears by itself.
+        so this stores a signed tombstone that expires after any record of ours could (a
+        stop cancels publishes in flight, but one the DHT process had begun still stores
+        its record): it wins over every replica and then disappears by itself.
         """
         published, self._published = self._published, None
         if published is None or self._dht is None or published[1] <= get_dht_time():
             return
-        tombstone = sign_entry(
-            self._run_key, self._owner, {"v": WIRE_VERSION, "left": True, "peer_id": self.peer_id}
-        )
-        store = partial(direct_store, self.key, self._subkey, tombstone, published[1] + 1e-3)
+        left = {"v": WIRE_VERSION, "left": True, "peer_id": self.peer_id}
+        tombstone = sign_entry(self._run_key, self._owner, left)
+        expiration = max(published[1], get_dht_time() + self._ttl_s) + 1e-3
+        store = partial(direct_store, self.key, self._subkey, tombstone, expiration)
         if not await self._bounded(self.dht.run_coroutine(store, return_future=True), "withdraw"):
             raise DiscoveryError("the DHT rejected our tombstone; our record expires by itself")
 

@@ -225,6 +225,25 @@ def test_withdraw_removes_the_record_from_other_rosters(trio: list[Discovery]) -
     asyncio.run(body())
 
 
+@pytest.mark.net
+def test_a_withdraw_outlives_a_publish_that_the_stop_cancelled(trio: list[Discovery]) -> None:
+    """A stop cancels the heartbeat and the round's publishes; one the DHT process had
+    begun still stores its record, later than the last publish we saw end. The tombstone
+    must outlive that one too (bench: 3 of 4 hosts' tombstones refused at every stop)."""
+
+    async def body() -> None:
+        node = trio[1]
+        await node.publish(_record(node.peer_id))
+        seen = node._published  # what the daemon knew when the stop came ...
+        await node.publish(_record(node.peer_id))  # ... and the publish it cancelled
+        node._published = seen
+        await node.withdraw()  # the old tombstone, just after `seen`, was refused here
+        for other in (trio[0], trio[2]):
+            assert node.peer_id not in [r.peer_id for r in await other.roster()]
+
+    asyncio.run(body())
+
+
 class _Forget:
     """In a DHT process: drop one subkey of the roster from this node's own copy (a
     store that reached the other replicas, not this one)."""
