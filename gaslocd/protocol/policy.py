@@ -237,6 +237,12 @@ class RoundPolicy:
         # rounds it is paired in it is waited for like anyone: without that, nothing holds
         # its round numbers to the run's, and its pairings fall in rounds its partners
         # have long left (a netns test saw it 200 rounds behind, resyncing in a loop).
+        # Nor does a peer that sits round t out wait for anyone: nobody is paired with it,
+        # and the records it would wait on came over its own saturated link, late (a 10×
+        # straggler paced on them, fell rounds behind, and its partners then paced on it
+        # in every round it was paired in: 27-30 % of their time).
+        if any(r.peer_id == self.me and not SitOut.of(r).takes_part(t) for r in records):
+            return []
         others = [
             r
             for r in records

@@ -139,6 +139,17 @@ def test_nobody_paces_on_a_peer_that_sits_out() -> None:
     assert [r.peer_id for r in policy.behind(10, late)] == ["s"]
 
 
+def test_a_peer_that_sits_a_round_out_paces_on_nobody_in_it() -> None:
+    """Its view of the others comes over its slow link and lags: pacing on it there put
+    a 10× straggler rounds behind, and its partners then waited for it whenever it was
+    paired. In the rounds it is paired in, it waits for those behind as anyone does."""
+    sitter = RoundPolicy("s", record_ttl_s=15.0, h_upper=40)
+    records = [record("a", 10), record("b", 10), record("s", 12, free_from=14)]
+    sitter.observe_roster(0.0, records)
+    assert sitter.behind(12, records) == []
+    assert [r.peer_id for r in sitter.behind(14, records)] == ["a", "b"]
+
+
 def test_a_partners_declared_rate_overrides_its_stale_record_and_k_is_capped() -> None:
     """A slow peer publishes over the link it saturates, so its record can still show
     the fast rate it once had: the rate its last header declared sizes the link."""
