@@ -41,7 +41,7 @@ FIT = 0.8
 STAY_LONG = 0.6
 # A transfer timed after its data could already flow for more than this share of its
 # time, and this long (an acceptor that claimed the call late), measures buffers, not the
-# link. Within them it reads at most 1/(1 - share) fast, or 10 ms of the link's bytes
+# link. A sample kept is at most 1/(1 - share) too fast, or 10 ms of the link's bytes
 # early (1.2 kB at 1 Mbit/s): the floor keeps the samples of a punctual acceptor whose
 # loop took a moment to start reading a transfer of a few tens of ms.
 UNREAD_SHARE, UNREAD_FLOOR_S = 0.05, 0.01

@@ -137,7 +137,7 @@ def test_a_reader_of_two_states_at_once_gets_twice_as_long_per_chunk_and_no_more
             began = time.monotonic()
             stalled = asyncio.ensure_future(_read(address, 0.0, 2, streams))
             while server.stats.rejected["timeout"] == 0:
-                assert time.monotonic() - began < 3 * stall_s + 15, "never refused"
+                assert time.monotonic() - began < 2 * stall_s + 15, "never refused"
                 await asyncio.sleep(0.1)  # polling a counter, bounded above
             stalled.cancel()
             await asyncio.gather(stalled, return_exceptions=True)
@@ -147,5 +147,5 @@ def test_a_reader_of_two_states_at_once_gets_twice_as_long_per_chunk_and_no_more
 
     two, many = asyncio.run(refused_after(2)), asyncio.run(refused_after(50))
     assert state_read_s(CHUNK, WAIT_S, 2) == 2 * stall_s == state_read_s(CHUNK, WAIT_S, 50)
-    assert 2 * stall_s <= two < 3 * stall_s, two
-    assert 2 * stall_s <= many < 3 * stall_s, many
+    assert 2 * stall_s <= two < 2 * stall_s + 10, two  # as one stream: refused at 4 s
+    assert 2 * stall_s <= many < 2 * stall_s + 10, many  # uncapped: 200 s
