@@ -63,15 +63,11 @@ STATE_MIN_RATE = 16 * 1024
 MAX_STATE_STREAMS = 2
 
 
-def state_streams(asked: int) -> int:
-    """The streams a StateRequest's ``streams`` counts for (0, an older caller: one)."""
-    return min(max(asked, 1), MAX_STATE_STREAMS)
-
-
 def state_read_s(nbytes: int, floor_s: float, streams: int = 1) -> float:
     """How long ``nbytes`` of state may take to stream, one of ``streams`` read at once
-    over the reader's link: ``floor_s`` at least."""
-    return max(floor_s, nbytes * state_streams(streams) / STATE_MIN_RATE)
+    over the reader's link (a StateRequest's 0, an older caller: one): ``floor_s`` at
+    least."""
+    return max(floor_s, nbytes * min(max(streams, 1), MAX_STATE_STREAMS) / STATE_MIN_RATE)
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,7 @@ def plan_links(
         strict = choose_codec(ladder[-1:], numel, rate, STAY_LONG * budget_s)
         # Still long unless clearly faster now: a link that was, or any link of ours
         # while our own was too slow (else a partner new to us made our link "fit" at
-        # once and we left our schedule: the likely cause of the 3T bench's flips).
+        # once and we left our schedule while our own link was still in the band).
         if (q.peer_id in was_long or was_every) and choice.fits and not strict.fits:
             choice = strict
         codecs[q.peer_id] = choice.codec
