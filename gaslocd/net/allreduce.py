@@ -15,6 +15,14 @@ Two choices a reader may question:
   tensor that is not the group's mean, so such a round is turned into
   :class:`AllReduceFailed` here. Peers that did not see the failure cannot know it: a run
   that needs identical replicas should compare a digest of the result afterwards.
+* The caller's timeout bounds the *matchmaking* only (as hivemind's own step timeout
+  does). Once the group has formed, the call waits for the all-reduce (bounded by
+  ``allreduce_timeout_s``): the averager process goes on reducing whatever its parent
+  does, so a peer that gave up at its own deadline would step on its own pseudo-gradient
+  while its partners, whom its averager still served, step on the mean (CI saw DiLoCo
+  replicas drift apart so). For the same reason a running all-reduce is never cancelled
+  (hivemind's cancel acts in matchmaking only; later it only makes the step's result
+  unsettable): the next call waits for it instead.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import InvalidStateError
 from typing import Any, TypeVar
 
 import torch
@@ -275,17 +284,21 @@ class HivemindAllReduce:
             )
         if not averager.is_alive():
             raise AllReduceFailed("the averager process is gone")
-        deadline = time.monotonic() + timeout_s
+        began = time.monotonic()
+        deadline = began + timeout_s
+        # A wedged averager (a pipe nobody answers) must not hold the caller for ever.
+        hard = deadline + self._allreduce_timeout_s + self._next_chunk_timeout_s
         async with self._lock:
             self._generation += 1
             try:
                 return await asyncio.wait_for(
                     self._run(averager, self._generation, round, tensor, deadline),
-                    max(0.0, deadline - time.monotonic()),
+                    max(0.0, hard - time.monotonic()),
                 )
             except TimeoutError:
                 self._generation += 1  # a worker thread still starting this step must stop
-                raise AllReduceFailed(f"round {round}: no average within {timeout_s:g} s") from None
+                waited = time.monotonic() - began
+                raise AllReduceFailed(f"round {round}: no average within {waited:.1f} s") from None
 
     async def _run(
         self,
@@ -297,19 +310,21 @@ class HivemindAllReduce:
     ) -> tuple[torch.Tensor, int]:
         flat = tensor.detach().reshape(-1).to(torch.float32, copy=False)
         step = await off_loop(self._begin, averager, generation, round, flat, deadline)
-        waiter = asyncio.wrap_future(step)
+        waiter = _settled_on_loop(step)
         began = time.monotonic()
         grouped_at: float | None = None
         last_check = began
         try:
             while not (await asyncio.wait({waiter}, timeout=_STAGE_PERIOD_S))[0]:
                 now = time.monotonic()
-                if grouped_at is None and step.stage.value > AveragingStage.LOOKING_FOR_GROUP.value:
+                if grouped_at is None and _grouped(step):
                     grouped_at = now
+                if grouped_at is None and now >= deadline:
+                    _cancel_matchmaking(step)
+                    raise AllReduceFailed(f"round {round}: no group formed in time")
                 if now - last_check >= _LIVENESS_PERIOD_S:
                     last_check = now
                     if not averager.is_alive():  # a dead child never answers: do not wait
-                        waiter.cancel()
                         raise AllReduceFailed(f"round {round}: the averager process died")
             outcome = waiter.result()
         except (asyncio.CancelledError, AllReduceFailed):
@@ -334,9 +349,19 @@ class HivemindAllReduce:
         flat: torch.Tensor,
         deadline: float,
     ) -> Any:
-        """Load the input and start a step; runs in a worker thread (it waits on pipes)."""
-        if self._pending is not None and not self._pending.done():
-            self._pending.cancel()  # a timed-out call's step must not hold the group key
+        """Load the input and start a step; runs in a worker thread (it waits on pipes).
+
+        A step left over from a call that gave up must not hold the group key (cancelled
+        while it still looks for a group) nor write the averager's tensor after this
+        call's input is in (waited for while it reduces: the wait for the tensors' lock,
+        which its all-reduce holds, would happen anyway).
+        """
+        pending = self._pending
+        if pending is not None and not pending.done():
+            if not _grouped(pending):
+                _cancel_matchmaking(pending)
+            while not pending.done() and time.monotonic() < deadline:
+                time.sleep(_STAGE_PERIOD_S)
         with averager.get_tensors() as tensors:
             if generation != self._generation:
                 raise AllReduceFailed("superseded by a newer call")
@@ -355,3 +380,45 @@ class HivemindAllReduce:
         with averager.get_tensors() as tensors:
             result: torch.Tensor = tensors[0].clone()
         return result
+
+
+def _grouped(step: Any) -> bool:
+    """Whether the step is past matchmaking (reducing, or finished either way)."""
+    return bool(step.stage.value >= AveragingStage.RUNNING_ALLREDUCE.value)
+
+
+def _cancel_matchmaking(step: Any) -> None:
+    """Stop a step that still looks for a group. hivemind's ``StepControl.cancel`` is not
+    idempotent (its second call raises), and a step that formed its group meanwhile
+    rejects it: both mean there is nothing left to stop."""
+    if not step.done():
+        with contextlib.suppress(InvalidStateError, asyncio.InvalidStateError):
+            step.cancel()
+
+
+def _settled_on_loop(step: Any) -> asyncio.Future[Any]:
+    """An asyncio future that takes the step's outcome; nothing flows back.
+
+    Not ``asyncio.wrap_future``: it chains cancellation both ways, so cancelling the
+    step cancels the wrapper, whose callback cancels the step a second time — which
+    hivemind's StepControl answers with InvalidStateError, logged from the event loop.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(source: Any) -> None:
+        if future.done():
+            return
+        if source.cancelled():
+            future.cancel()
+        elif (error := source.exception()) is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(source.result())
+
+    def on_done(source: Any) -> None:  # hivemind's update thread
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, source)
+
+    step.add_done_callback(on_done)
+    return future
