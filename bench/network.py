@@ -258,7 +258,8 @@ def run_fleet(fleet: Fleet, args: argparse.Namespace, work: Path) -> dict[str, A
     def launch(lab: netns.NetLab, i: int, role: list[str]) -> None:
         log = open(work / f"host{i}.log", "wb")  # noqa: SIM115 (closed below)
         logs.append(log)
-        argv = [sys.executable, "-m", "gaslocd", "--log-level", "WARNING", *role, *common]
+        level = os.environ.get("GASLOCD_BENCH_LOG_LEVEL", "WARNING")  # INFO: why per exchange
+        argv = [sys.executable, "-m", "gaslocd", "--log-level", level, *role, *common]
         argv += ["--host", lab.address(i), "--json", str(work / f"host{i}.json")]
         if fleet.metrics_port is not None:
             argv += ["--metrics-port", str(fleet.metrics_port), "--metrics-host", lab.address(i)]

@@ -370,7 +370,7 @@ class Discovery:
         left = {"v": WIRE_VERSION, "left": True, "peer_id": self.peer_id}
         tombstone = sign_entry(self._run_key, self._owner, left)
         expiration = max(published[1], get_dht_time() + self._ttl_s) + 1e-3
-        store = partial(direct_store, self.key, self._subkey, tombstone, expiration)
+        store = partial(direct_store, self.key, self._subkey, tombstone, expiration, traverse=True)
         if not await self._bounded(self.dht.run_coroutine(store, return_future=True), "withdraw"):
             raise DiscoveryError("the DHT rejected our tombstone; our record expires by itself")
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from gaslocd.net.direct_store import traversal_counts
 from gaslocd.net.discovery import Discovery, DiscoveryError
 from tests.net.test_discovery import _record
 
@@ -79,5 +80,29 @@ def test_a_frozen_node_holds_neither_a_publish_nor_its_arrival_at_the_others(
         while (await _rounds(frozen, quick=True)).get(first.peer_id) != 3:
             assert time.monotonic() < end, "the frozen node never got the record"
             await asyncio.sleep(0.05)
+
+    asyncio.run(body())
+
+
+@pytest.mark.net
+def test_a_heartbeat_traverses_the_dht_once_per_record_lifetime(trio: list[Discovery]) -> None:
+    """Each traversal asks every node for the key and each answers with the whole roster
+    (9.4 of a heartbeating node's 12.3 kB/s, measured): the heartbeats within a record's
+    lifetime go to the known neighbours directly; a withdrawal always traverses."""
+    first, second, _ = trio
+
+    def traversals() -> int:
+        counts = first.dht.run_coroutine(traversal_counts)
+        return sum(counts.values())
+
+    async def body() -> None:
+        began = traversals()
+        for round_ in (1, 2, 3):  # three heartbeats well within the 30 s ttl
+            await first.publish(_record(first.peer_id, round=round_))
+            assert (await _rounds(second, quick=True))[first.peer_id] == round_
+        assert traversals() == began + 1
+        await first.withdraw()
+        assert traversals() == began + 2
+        assert first.peer_id not in await _rounds(second, quick=True)
 
     asyncio.run(body())
