@@ -157,8 +157,14 @@ class RoundDriver:
         step_s = rt.links.step_time_s
         if step_s and isinstance(self.mixer, GossipMixer):
             # the next round's roster, read while these steps run; not before an
-            # all-reduce, which outlasts a fresh read and would only double the reads
-            self.membership.prefetch.schedule(steps * step_s, self.last_round_s)
+            # all-reduce, which outlasts a fresh read and would only double the reads,
+            # nor before a round we sit out: we pace on nobody there, our own DHT
+            # node's copy will do, and a full read (every node answers with every
+            # record) is bytes on the very link that is too slow
+            if rt.sit.takes_part(setup.round + 1):
+                self.membership.prefetch.schedule(steps * step_s, self.last_round_s)
+            else:
+                self.membership.prefetch.cancel()
         losses = await self._timed(acct, "train", self._train(steps, landing=self.overlapped))
         early, before = None, len(losses)
         if self.overlapped and before < steps:  # the exchange in flight is over

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,9 @@ class RunLog:
     last_train_loss: float | None = None
     last_val_loss: float | None = None
     last_roster_size: int = 0
+    # Where each round's roster came from (RosterPrefetch.counts): a sitter's full reads
+    # cost bytes on its slow link, so the summary says how many it made.
+    roster_reads: Callable[[], Mapping[str, int]] = dict
 
     def start_clock(self) -> None:
         self._began = time.monotonic()
@@ -141,6 +145,7 @@ class RunLog:
                 "started_at": self.started_at,
                 "bytes_received": stats.bytes_received,
                 "wire": stats.snapshot(),
+                "roster_reads": dict(self.roster_reads()),
             },
         )
 

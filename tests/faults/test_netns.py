@@ -89,14 +89,21 @@ def lab4() -> Iterator[netns.NetLab]:
 
 
 def _start(
-    lab: netns.NetLab, n: int, reaper: list[subprocess.Popen[bytes]], *extra: str
+    lab: netns.NetLab,
+    n: int,
+    reaper: list[subprocess.Popen[bytes]],
+    *extra: str,
+    summaries: Path | None = None,
 ) -> list[NsDaemon]:
-    first = NsDaemon(lab, 0, ["start", *FAST_FLAGS, *FLAGS, *extra], reaper)
+    """``summaries``: each daemon writes its --json summary there as host<i>.json."""
+
+    def own(i: int) -> list[str]:
+        return [] if summaries is None else ["--json", str(summaries / f"host{i}.json")]
+
+    first = NsDaemon(lab, 0, ["start", *FAST_FLAGS, *FLAGS, *extra, *own(0)], reaper)
     address = first.wait_for(r"bootstrap address: (\S+)", 120).group(1)
-    rest = [
-        NsDaemon(lab, i, ["join", *FAST_FLAGS, "--bootstrap", address, *FLAGS, *extra], reaper)
-        for i in range(1, n)
-    ]
+    join = ["join", *FAST_FLAGS, "--bootstrap", address, *FLAGS, *extra]
+    rest = [NsDaemon(lab, i, [*join, *own(i)], reaper) for i in range(1, n)]
     return [first, *rest]
 
 
@@ -179,7 +186,7 @@ def test_five_percent_packet_loss_still_trains(reaper: list[subprocess.Popen[byt
 
 @pytest.mark.timeout(900)  # its waits add up to more than the default 300 s
 def test_a_link_too_slow_for_a_round_sits_out_and_its_long_exchanges_land(
-    reaper: list[subprocess.Popen[bytes]],
+    reaper: list[subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
     """Leaf 3 behind 1 Mbit/s: its q4 θ̃ (0.14 MB) takes over a second against rounds of
     well under one, so an exchange spans several rounds (on a loaded machine more than
@@ -198,7 +205,7 @@ def test_a_link_too_slow_for_a_round_sits_out_and_its_long_exchanges_land(
         # exchanges failed in 4 runs of 5 and 3 of 8 runs (and a CI run) locked it out.
         extra += ("--inner-lr", "1e-3")
         # Info logs: a failure then shows why each exchange failed, at every end.
-        daemons = _start(lab, 4, reaper, *extra, "--log-level", "INFO")
+        daemons = _start(lab, 4, reaper, *extra, "--log-level", "INFO", summaries=tmp_path)
         slow, fast = daemons[3], daemons[:3]
         try:
             slow.wait_for(r"paired every \d+ rounds from round \d+", 300)
@@ -221,6 +228,12 @@ def test_a_link_too_slow_for_a_round_sits_out_and_its_long_exchanges_land(
             assert all(m.group("loss") != "nan" for m in d.rounds() if int(m.group("h")) > 0)
         # The slow leaf's stop withdrew its record over its 1 Mbit/s link.
         assert "shutdown step failed" not in slow.output(), slow.output()
+        # Before a round it sits out it reads no roster from the network (every node would
+        # answer with every record, on its slow link): its own DHT node's copy does.
+        summary = json.loads((tmp_path / "host3.json").read_text())
+        sat_out = sum(1 for r in summary["rounds"] if len(r["roster"]) == 1)
+        reads = summary["roster_reads"]
+        assert sat_out >= 3 and reads["quick"] >= sat_out - 1, (sat_out, reads)
 
 
 _NAT_OK, _NAT_WHY = netns.nat_available() if _OK else (False, _WHY)
