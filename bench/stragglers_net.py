@@ -133,14 +133,33 @@ def link_rate_mbit(numel: int, codec: str, seconds: float) -> float:
 
 
 def host_rates(
-    sc: Straggle, n: int, fast_mbit: float, numel: int, codec: str, round_s: float
+    sc: Straggle,
+    n: int,
+    fast_mbit: float,
+    numel: int,
+    codec: str,
+    round_s: float,
+    control_mbit: float = 0.0,
 ) -> list[float]:
     """Each host's link rate: ``fast_mbit``, and a straggler at k× a rate whose ``codec``
-    message takes k rounds of ``round_s``."""
+    message takes k rounds of ``round_s``, plus ``control_mbit`` for what else a daemon
+    sends (the DHT's records and reads, measured on the run without straggler): at the
+    bench's model size that is most of a 10× link, which then moved θ̃ at 30× and more."""
     rates = [fast_mbit] * n
     for host, m in zip(sc.slow_hosts(n), sc.multiples, strict=True):
-        rates[host] = link_rate_mbit(numel, codec, m * round_s)
+        rates[host] = link_rate_mbit(numel, codec, m * round_s) + control_mbit
     return rates
+
+
+def control_mbit(hosts: Sequence[dict[str, Any]], duration_s: float) -> float:
+    """What a daemon sends besides θ̃ (Mbit/s): per host its link's bytes over the window
+    less the wire's (``gasloc_bytes_sent_total`` grown between the two scrapes); the
+    median over hosts."""
+    rates = []
+    for h in hosts:
+        wire = counter_delta(*h["metrics"], "gasloc_bytes_sent_total").get("", 0)
+        rates.append(max(0, h["sent_bytes"] - wire) * 8 / duration_s / 1e6)
+    return statistics.median(rates)
 
 
 def common_target(curve: Sequence[tuple[float, float]], duration_s: float, at: float) -> float:
@@ -520,7 +539,15 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
         "",
         f"Round time T = H_base × step time = {meta['inner_steps']} × {cal['step_s']:.4f} s = "
         f"**{cal['round_s']:.2f} s**, {cal['source']}. A straggler at k× has the link on "
-        f"which one fp16 message takes k·T: "
+        f"which one fp16 message takes k·T"
+        + (
+            f", plus the {cal['control_mbit']:.3f} Mbit/s that a daemon sends besides θ̃ "
+            "(DHT records and roster reads: namespace bytes less the wire's, median host of "
+            "the run without straggler; without it the 10× link moved θ̃ at 30× and more)"
+            if cal.get("control_mbit")
+            else ""
+        )
+        + ": "
         + ", ".join(f"{m:g}× → {rate:.3f} Mbit/s" for m, rate in meta["straggler_rates"])
         + ".",
         "",
@@ -830,6 +857,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     meta["numel"],
                     args.codec,
                     meta["calibration"]["round_s"],
+                    meta["calibration"].get("control_mbit", 0.0),
                 )
                 if sc.multiples
                 else [args.rate_mbit] * args.workers
@@ -862,6 +890,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 meta["calibration"] = _calibration(step_time(result["hosts"]), args, "measured")
                 cal = meta["calibration"]
                 print(f"   calibrated: step {cal['step_s']:.4f} s, T {cal['round_s']:.2f} s")
+            if sc.name == "gasloc-none" and args.metrics_port is not None:
+                control = control_mbit(result["hosts"], result["duration_s"])
+                meta["calibration"]["control_mbit"] = control
+                print(f"   control traffic: {control:.3f} Mbit/s per host, added to stragglers")
+            if sc.name == "gasloc-none":
                 meta["straggler_rates"] = _rates_list(args, meta)
                 meta_path.write_text(json.dumps(meta, indent=1))
         meta["straggler_rates"] = _rates_list(args, meta)
@@ -895,7 +928,10 @@ def _rates_list(args: argparse.Namespace, meta: dict[str, Any]) -> list[tuple[fl
         return []
     multiples = sorted(set(args.multiples) | set(args.pair))
     round_s = meta["calibration"]["round_s"]
-    return [(m, link_rate_mbit(meta["numel"], args.codec, m * round_s)) for m in multiples]
+    control = meta["calibration"].get("control_mbit", 0.0)
+    return [
+        (m, link_rate_mbit(meta["numel"], args.codec, m * round_s) + control) for m in multiples
+    ]
 
 
 def _meta(args: argparse.Namespace, old: dict[str, Any]) -> dict[str, Any]:

@@ -58,6 +58,22 @@ def test_a_straggler_at_k_rounds_gets_the_rate_whose_message_takes_k_rounds() ->
     assert fp16_bits / (rates[2] * 1e6) == pytest.approx(10 * round_s)
     assert sn.link_rate_seconds(numel, "fp16", rates[3]) == pytest.approx(4.5)
     assert sn.host_rates(sn.Straggle("gasloc"), 3, 40.0, numel, "fp16", round_s) == [40.0] * 3
+    # What the daemons send besides θ̃ is added to a straggler's link, not to the others.
+    more = sn.host_rates(sn.Straggle("gasloc", (10.0,)), 2, 40.0, numel, "fp16", round_s, 0.1)
+    assert more == [40.0, pytest.approx(fp16_bits / (10 * round_s) / 1e6 + 0.1)]
+
+
+def test_control_traffic_is_the_link_bytes_less_the_wire_bytes_over_the_window() -> None:
+    def host(sent: int, wire_before: int, wire_after: int) -> dict[str, object]:
+        scrape = "# TYPE gasloc_bytes_sent counter\ngasloc_bytes_sent_total {}\n"
+        return {
+            "sent_bytes": sent,
+            "metrics": [scrape.format(wire_before), scrape.format(wire_after)],
+        }
+
+    hosts = [host(2_000_000, 100, 1_000_100), host(3_000_000, 0, 1_500_000), host(10, 0, 99)]
+    # 1 MB, 1.5 MB and nothing (never below zero) besides θ̃ in 100 s: the median host's.
+    assert sn.control_mbit(hosts, 100.0) == pytest.approx(1_000_000 * 8 / 100 / 1e6)
 
 
 def test_the_common_target_is_the_reference_value_at_a_share_of_its_run() -> None:
