@@ -39,12 +39,6 @@ FIT = 0.8
 # until its strongest codec's transfer is under this share of the budget. Without it a
 # borderline link flips between long and regular with the load from round to round.
 STAY_LONG = 0.6
-# Overlapped, the next round trains from the eager point until the exchange lands, and
-# that costs loss at equal tokens in proportion to how late it lands (simulator, 3 seeds,
-# H = 10: +0.027 landing after 3 steps, +0.018 after 2, +0.001 after 1;
-# bench/results/stragglers.md). So a link that fits the round anyway takes the most
-# faithful codec that lands within this share of it, else the ladder's smallest.
-LAND = 0.1
 # A transfer timed after its data could already flow for more than this share of its
 # time, and this long (an acceptor that claimed the call late), measures buffers, not the
 # link. A sample kept is at most 1/(1 - share) too fast, or 10 ms of the link's bytes
@@ -176,9 +170,8 @@ def plan_links(
     was_every: int = 0,
 ) -> LinkPlan:
     """Per partner, the codec that carries θ̃ within ``FIT`` of ``budget_s`` (the next
-    round's compute when overlapped; there the one that lands within ``LAND`` of it, else
-    the ladder's smallest), from the *published* rates of both ends: both sides read the
-    same records, so both classify the link alike. Under overlap a link that not
+    round's compute when overlapped), from the *published* rates of both ends: both sides
+    read the same records, so both classify the link alike. Under overlap a link that not
     even the strongest codec crosses so becomes a long exchange of k rounds, mixed when it
     lands; and when it is *our own* link that is too slow (``own_rate``: what we know of
     it, :meth:`LinkEstimates.known_own_rate`; None: our record's), we are paired only
@@ -202,9 +195,6 @@ def plan_links(
         if (q.peer_id in was_long or was_every) and choice.fits and not strict.fits:
             choice = strict
         codecs[q.peer_id] = choice.codec
-        if overlap and choice.fits and choice.transfer_s is not None:
-            early = choose_codec(ladder, numel, rate, LAND * budget_s)
-            codecs[q.peer_id] = early.codec  # the smallest when none lands that early
         if overlap and not choice.fits and choice.transfer_s is not None:
             long[q.peer_id] = rounds_needed(choice.transfer_s, budget_s)
     mine = own if own_rate is None else own_rate
