@@ -153,12 +153,9 @@ def host_rates(
 
 def control_mbit(hosts: Sequence[dict[str, Any]], duration_s: float) -> float:
     """What a daemon sends besides θ̃ (Mbit/s): per host its link's bytes over the window
-    less the wire's (``gasloc_bytes_sent_total`` grown between the two scrapes); the
-    median over hosts."""
-    rates = []
-    for h in hosts:
-        wire = counter_delta(*h["metrics"], "gasloc_bytes_sent_total").get("", 0)
-        rates.append(max(0, h["sent_bytes"] - wire) * 8 / duration_s / 1e6)
+    less the wire's (``wire_sent``: ``gasloc_bytes_sent_total`` grown between the two
+    scrapes); the median over hosts."""
+    rates = [max(0, h["sent_bytes"] - h["wire_sent"]) * 8 / duration_s / 1e6 for h in hosts]
     return statistics.median(rates)
 
 
@@ -396,6 +393,7 @@ def run_one(
                 "codecs": counter_delta(before, after, "gasloc_exchanges_by_codec_total"),
                 "long": counter_delta(before, after, "gasloc_long_exchanges_total"),
                 "roster_reads": counter_delta(before, after, "gasloc_roster_reads_total"),
+                "wire_sent": counter_delta(before, after, "gasloc_bytes_sent_total").get("", 0),
                 "metrics_read": before is not None and after is not None,
                 "exchanged": sum(r["exchanged"] for r in inside),
                 "partners": sum(r["partners"] for r in inside),

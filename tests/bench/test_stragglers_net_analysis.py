@@ -64,14 +64,11 @@ def test_a_straggler_at_k_rounds_gets_the_rate_whose_message_takes_k_rounds() ->
 
 
 def test_control_traffic_is_the_link_bytes_less_the_wire_bytes_over_the_window() -> None:
-    def host(sent: int, wire_before: int, wire_after: int) -> dict[str, object]:
-        scrape = "# TYPE gasloc_bytes_sent counter\ngasloc_bytes_sent_total {}\n"
-        return {
-            "sent_bytes": sent,
-            "metrics": [scrape.format(wire_before), scrape.format(wire_after)],
-        }
-
-    hosts = [host(2_000_000, 100, 1_000_100), host(3_000_000, 0, 1_500_000), host(10, 0, 99)]
+    hosts = [
+        {"sent_bytes": 2_000_000, "wire_sent": 1_000_000},
+        {"sent_bytes": 3_000_000, "wire_sent": 1_500_000},
+        {"sent_bytes": 10, "wire_sent": 99},
+    ]
     # 1 MB, 1.5 MB and nothing (never below zero) besides θ̃ in 100 s: the median host's.
     assert sn.control_mbit(hosts, 100.0) == pytest.approx(1_000_000 * 8 / 100 / 1e6)
 
