@@ -65,7 +65,7 @@ class Membership:
         self.prefetch = RosterPrefetch(
             self._read_roster, rt.clock, rt.cfg.heartbeat_s, rt.spawn, self._quick_roster
         )
-        rt.telemetry.metrics.roster_reads = rt.telemetry.runlog.roster_reads = self.prefetch.counts
+        rt.telemetry.metrics.roster_reads = self.prefetch.counts
 
     # -- the roster ----------------------------------------------------------------------
 

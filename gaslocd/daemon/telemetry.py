@@ -50,6 +50,7 @@ class Telemetry:
         self.metrics, self.runlog, self.stats = metrics, runlog, stats
         metrics.idle_total = lambda: runlog.account.idle_s()  # one account, read at scrape
         metrics.time_account = lambda: dict(runlog.account.seconds)
+        runlog.roster_reads = lambda: metrics.roster_reads()  # set once membership exists
 
     def count_failure(self, reason: str) -> None:
         self.metrics.count_failure(reason)

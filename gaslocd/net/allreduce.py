@@ -15,14 +15,12 @@ Two choices a reader may question:
   tensor that is not the group's mean, so such a round is turned into
   :class:`AllReduceFailed` here. Peers that did not see the failure cannot know it: a run
   that needs identical replicas should compare a digest of the result afterwards.
-* The caller's timeout bounds the *matchmaking* only (as hivemind's own step timeout
-  does). Once the group has formed, the call waits for the all-reduce (bounded by
-  ``allreduce_timeout_s``): the averager process goes on reducing whatever its parent
-  does, so a peer that gave up at its own deadline would step on its own pseudo-gradient
-  while its partners, whom its averager still served, step on the mean (CI saw DiLoCo
-  replicas drift apart so). For the same reason a running all-reduce is never cancelled
-  (hivemind's cancel acts in matchmaking only; later it only makes the step's result
-  unsettable): the next call waits for it instead.
+* The caller's timeout bounds the *matchmaking* only (as hivemind's step timeout does);
+  a formed group waits for its all-reduce (``allreduce_timeout_s``). The averager child
+  reduces whatever its parent does: a peer that gave up at its deadline stepped on its
+  own pseudo-gradient while its partners, served by its child, stepped on the mean (CI
+  saw DiLoCo replicas drift apart so). Nor is a running all-reduce cancelled (hivemind's
+  cancel acts in matchmaking only): the next call waits for it.
 """
 
 from __future__ import annotations
@@ -350,12 +348,8 @@ class HivemindAllReduce:
         deadline: float,
     ) -> Any:
         """Load the input and start a step; runs in a worker thread (it waits on pipes).
-
-        A step left over from a call that gave up must not hold the group key (cancelled
-        while it still looks for a group) nor write the averager's tensor after this
-        call's input is in (waited for while it reduces: the wait for the tensors' lock,
-        which its all-reduce holds, would happen anyway).
-        """
+        A step left over from a call that gave up is cancelled while it still looks for a
+        group (it must not hold the group key) and waited for while it reduces."""
         pending = self._pending
         if pending is not None and not pending.done():
             if not _grouped(pending):
