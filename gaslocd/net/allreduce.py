@@ -382,9 +382,10 @@ def _grouped(step: Any) -> bool:
 
 
 def _cancel_matchmaking(step: Any) -> None:
-    """Stop a step that still looks for a group. hivemind's ``StepControl.cancel`` is not
-    idempotent (its second call raises), and a step that formed its group meanwhile
-    rejects it: both mean there is nothing left to stop."""
+    """Stop a step that still looks for a group (hivemind's ``StepControl.cancel`` is not
+    idempotent: a second call raises). A group that forms between the caller's look at
+    the stage and this cancel would still reduce without us: a window of microseconds
+    against the matchmaking's seconds, left open."""
     if not step.done():
         with contextlib.suppress(InvalidStateError, asyncio.InvalidStateError):
             step.cancel()
