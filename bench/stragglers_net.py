@@ -142,9 +142,9 @@ def host_rates(
     control_mbit: float = 0.0,
 ) -> list[float]:
     """Each host's link rate: ``fast_mbit``, and a straggler at k× a rate whose ``codec``
-    message takes k rounds of ``round_s``, plus ``control_mbit`` for what else a daemon
-    sends (the DHT's records and reads, measured on the run without straggler): at the
-    bench's model size that is most of a 10× link, which then moved θ̃ at 30× and more."""
+    message takes k rounds of ``round_s``, plus ``control_mbit`` for the DHT's own traffic
+    (``--control-mbit``): at the bench's model size it took most of a 10× link, which then
+    moved θ̃ at 30× and more."""
     rates = [fast_mbit] * n
     for host, m in zip(sc.slow_hosts(n), sc.multiples, strict=True):
         rates[host] = link_rate_mbit(numel, codec, m * round_s) + control_mbit

@@ -45,21 +45,25 @@ def _say(message: dict[str, Any]) -> None:
     print(json.dumps(message), flush=True)
 
 
-async def _die_at(stage: str, peer: HivemindAllReduce, limit_s: float) -> None:
+async def _reached(stage: str, peer: HivemindAllReduce, limit_s: float) -> bool:
+    """Whether the peer's step reached ``stage`` within ``limit_s`` (if not, the test sees
+    the missing fault in the outcome)."""
     end = time.monotonic() + limit_s
     while peer.stage != stage:
-        if time.monotonic() > end:  # the test sees the missing death and fails
-            return
+        if time.monotonic() > end:
+            return False
         await asyncio.sleep(_STAGE_POLL_S)
-    os.killpg(os.getpgid(0), signal.SIGKILL)
+    return True
+
+
+async def _die_at(stage: str, peer: HivemindAllReduce, limit_s: float) -> None:
+    if await _reached(stage, peer, limit_s):
+        os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 async def _freeze_at(stage: str, seconds: float, peer: HivemindAllReduce, limit_s: float) -> None:
-    end = time.monotonic() + limit_s
-    while peer.stage != stage:
-        if time.monotonic() > end:  # the test sees the missing stall in the timings
-            return
-        await asyncio.sleep(_STAGE_POLL_S)
+    if not await _reached(stage, peer, limit_s):
+        return
     child = peer._averager.pid  # type: ignore[union-attr]
     os.kill(child, signal.SIGSTOP)
     try:
