@@ -399,6 +399,7 @@ def run_one(
                 "codecs": counter_delta(before, after, "gasloc_exchanges_by_codec_total"),
                 "long": counter_delta(before, after, "gasloc_long_exchanges_total"),
                 "roster_reads": counter_delta(before, after, "gasloc_roster_reads_total"),
+                "dht_reads": counter_delta(before, after, "gasloc_dht_reads_total"),
                 "wire_sent": counter_delta(before, after, "gasloc_bytes_sent_total").get("", 0),
                 "metrics_read": before is not None and after is not None,
                 "exchanged": sum(r["exchanged"] for r in inside),
@@ -675,13 +676,15 @@ def _host_table(runs: list[dict[str, Any]]) -> list[str]:
         "of the accounted wall-clock, mean H, codecs, long exchanges, announced sit-outs "
         "(round → first paired round: a schedule; before 835a8ba each cycle's round → until), "
         "exchanges done / planned, roster reads a round took prefetched / quick / waited for "
-        "at its start (`gasloc_roster_reads_total`; quick since 694cd3d; — before it existed):",
+        "at its start (`gasloc_roster_reads_total`; quick since 694cd3d; — before it existed), "
+        "and the DHT reads the host made, full (asking every node) / quick "
+        "(`gasloc_dht_reads_total`, since it existed):",
         "",
         "| run | host | training | "
         + " | ".join(ACTIVITIES)
         + " | H | codecs sent | long landed/failed | sit-outs | exchanged | MiB sent (θ̃)/recv "
-        "| rosters prefetched/quick/waited |",
-        "| --- | --- |" + " ---: |" * (len(ACTIVITIES) + 1) + " --- |" * 7,
+        "| rosters prefetched/quick/waited | DHT reads full/quick |",
+        "| --- | --- |" + " ---: |" * (len(ACTIVITIES) + 1) + " --- |" * 8,
     ]
     for r in runs:
         for h in r["hosts"]:
@@ -701,6 +704,8 @@ def _host_table(runs: list[dict[str, Any]]) -> list[str]:
                 if reads
                 else "—"
             )
+            dht = h.get("dht_reads", {})
+            dht_text = f"{dht.get('full', 0)}/{dht.get('quick', 0)}" if dht else "—"
             lines.append(
                 f"| {r['scenario']} | {h['host']}{mark} | {training_share(h):.1%} | "
                 + " | ".join(f"{shares.get(a, 0.0):.1%}" for a in ACTIVITIES)
@@ -708,7 +713,7 @@ def _host_table(runs: list[dict[str, Any]]) -> list[str]:
                 f"| {long.get('landed', 0)}/{long.get('failed', 0)} | {sits} "
                 f"| {h.get('exchanged', 0)}/{h.get('partners', 0)} "
                 f"| {_mib(h['sent_bytes'])} ({_wire(h)})/{_mib(h['received_bytes'])} "
-                f"| {rosters} |"
+                f"| {rosters} | {dht_text} |"
             )
     return lines
 

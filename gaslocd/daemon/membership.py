@@ -66,12 +66,18 @@ class Membership:
             self._read_roster, rt.clock, rt.cfg.heartbeat_s, rt.spawn, self._quick_roster
         )
         rt.telemetry.metrics.roster_reads = self.prefetch.counts
+        rt.telemetry.metrics.dht_reads = self._dht_reads
 
     # -- the roster ----------------------------------------------------------------------
 
+    def _dht_reads(self) -> dict[str, int]:
+        stats = self.rt.discovery.stats
+        return {"full": stats.full_reads, "quick": stats.quick_reads}
+
     def _read_roster(self) -> Awaitable[list[PeerRecord]]:
-        """This model's fresh records from the DHT (raises :class:`DiscoveryError`)."""
-        return self.rt.discovery.roster(self.rt.state.fingerprint)
+        """This model's fresh records from the DHT (raises :class:`DiscoveryError`): our
+        node's copy while the last full read vouches for it (gaslocd.net.roster_read)."""
+        return self.rt.discovery.roster(self.rt.state.fingerprint, quick=None)
 
     def _quick_roster(self) -> Awaitable[list[PeerRecord]] | None:
         """Our DHT node's records merged with the last full read's, once there was one
@@ -147,7 +153,7 @@ class Membership:
         while not rt.stopping and rt.clock() < until and rt.policy.behind(t, records):
             await asyncio.sleep(0.1)  # polling the DHT, bounded by `until`
             with contextlib.suppress(DiscoveryError):
-                records = await rt.discovery.roster(rt.state.fingerprint)
+                records = await self._read_roster()
                 rt.policy.observe_roster(rt.clock(), records)  # stale peers stop counting
         return records
 
@@ -218,7 +224,7 @@ class Membership:
         deadline = rt.clock() + cfg.min_peers_timeout_s
         while not rt.stopping:
             with contextlib.suppress(DiscoveryError):
-                records = await rt.discovery.roster(rt.state.fingerprint)
+                records = await self._read_roster()
                 if len([r for r in records if r.active_from <= rt.state.round]) >= cfg.min_peers:
                     return
             if rt.clock() > deadline:

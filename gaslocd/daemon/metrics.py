@@ -136,6 +136,7 @@ class _WireCollector(Collector):
         yield _refused_family(s)
         yield from (sent, received, ok, failures, rejected, idle, time_spent, tokens, rounds)
         yield _roster_family(t)
+        yield _dht_read_family(t)
         yield from _robust_families(t)
 
 
@@ -152,6 +153,20 @@ def _roster_family(t: DaemonMetrics) -> Metric:
     )
     for source, n in _bounded(t.roster_reads().items(), ROSTER_SOURCES).items():
         reads.add_metric([source], n)
+    return reads
+
+
+def _dht_read_family(t: DaemonMetrics) -> Metric:
+    """Every roster read our DHT node made, by kind: a full one asks every replica (and
+    each answers with the whole roster, a slow peer's link too), a quick one our node."""
+    reads = CounterMetricFamily(
+        "gasloc_dht_reads",
+        "DHT roster reads by kind: full (asked every replica of the key) or quick (our "
+        "node's copy, while the last full read vouched for it)",
+        labels=["kind"],
+    )
+    for kind, n in _bounded(t.dht_reads().items(), ("full", "quick")).items():
+        reads.add_metric([kind], n)
     return reads
 
 
@@ -214,6 +229,7 @@ class DaemonMetrics:
         self.idle_total: Callable[[], float] = lambda: 0.0
         self.time_account: Callable[[], Mapping[str, float]] = dict
         self.roster_reads: Callable[[], Mapping[str, int]] = dict  # RosterPrefetch.counts
+        self.dht_reads: Callable[[], Mapping[str, int]] = dict  # Discovery.stats by kind
         self.tokens = 0
         self.rounds = 0
         self.extra_failures: dict[str, int] = {}

@@ -48,7 +48,8 @@ from hivemind.compression import (
     Uniform8BitQuantization,
 )
 
-from gaslocd.net.discovery import Discovery, scratch_event_loop, stop_process, watch_parent
+from gaslocd.net.children import scratch_event_loop, stop_process, watch_parent
+from gaslocd.net.discovery import Discovery
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

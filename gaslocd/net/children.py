@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from hivemind import DHT
+
 
 def watch_parent(parent_pid: int, period_s: float = 1.0) -> None:
     """In a forked child: exit once the process that forked it is gone.
@@ -59,3 +61,11 @@ def stop_process(process: Any, *, quick: bool = False) -> None:
         process.kill()
     if process.pid is not None:  # join() refuses a process that never started
         process.join(5)
+
+
+class DHTProcess(DHT):
+    """hivemind's DHT process, which also exits when its parent dies."""
+
+    def run(self) -> None:
+        watch_parent(self._parent_pid)
+        super().run()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ipaddress
 import logging
 import math
 import os
@@ -32,14 +31,14 @@ from typing import TypeVar
 
 from hivemind import DHT
 from hivemind.dht.crypto import RSASignatureValidator
-from hivemind.p2p import PeerID
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.timed_storage import get_dht_time
 
-from gaslocd.net.children import scratch_event_loop, stop_process, watch_parent
+from gaslocd.net.children import DHTProcess, scratch_event_loop, stop_process
 from gaslocd.net.direct_store import direct_store
 from gaslocd.net.identity import load_or_create_identity, write_identity
+from gaslocd.net.maddr import host_maddr, parse_bootstrap
 from gaslocd.net.rejoin import redial, remember
 from gaslocd.net.roster_auth import (
     RunRecordValidator,
@@ -50,7 +49,7 @@ from gaslocd.net.roster_auth import (
     run_key,
     sign_entry,
 )
-from gaslocd.net.roster_read import FullRead, entries_of, parse_entries
+from gaslocd.net.roster_read import FullRead, entries_of, own_copy, parse_entries
 from gaslocd.protocol.records import WIRE_VERSION, PeerRecord
 
 logger = logging.getLogger(__name__)
@@ -74,34 +73,8 @@ class DiscoveryStats:
     malformed_records: int = 0
     publish_failures: int = 0  # publish() calls that were rejected or timed out
     roster_timeouts: int = 0
-
-
-def _host_maddr(host: str, port: int) -> str:
-    try:
-        version = ipaddress.ip_address(host).version
-    except ValueError:
-        return f"/dns/{host}/tcp/{port}"
-    return f"/ip{version}/{host}/tcp/{port}"
-
-
-def parse_bootstrap(address: str) -> str:
-    """Check one ``--bootstrap`` multiaddr; ``ValueError`` with a message a volunteer can act on."""
-    try:
-        PeerID.from_base58(Multiaddr(address)["p2p"])
-    except Exception as error:  # the multiaddr library raises several unrelated types
-        raise ValueError(
-            f"bad bootstrap address {address!r}: {error}; expected a multiaddr such as "
-            "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooW... (printed by `gaslocd start`)"
-        ) from None
-    return address
-
-
-class _DHTProcess(DHT):
-    """hivemind's DHT process, which also exits when its parent dies."""
-
-    def run(self) -> None:
-        watch_parent(self._parent_pid)
-        super().run()
+    full_reads: int = 0  # roster reads that asked every node (get latest=True)
+    quick_reads: int = 0  # those that read our node's copy (roster_read)
 
 
 class Discovery:
@@ -154,8 +127,8 @@ class Discovery:
         self.private_key: RSAPrivateKey | None = None  # this peer's key, set by start()
         self.stats = DiscoveryStats()
         self._initial_peers = [parse_bootstrap(address) for address in initial_peers]
-        self._host_maddrs = [_host_maddr(host, dht_port)]
-        self._announce = None if announce_host is None else [_host_maddr(announce_host, dht_port)]
+        self._host_maddrs = [host_maddr(host, dht_port)]
+        self._announce = None if announce_host is None else [host_maddr(announce_host, dht_port)]
         self._ttl_s, self._timeout_s = record_ttl_s, request_timeout_s
         self._start_timeout_s = start_timeout_s
         self._client_mode = client_mode
@@ -191,7 +164,7 @@ class Discovery:
         with scratch_event_loop(), tempfile.TemporaryDirectory(prefix="gaslocd-") as folder:
             identity = os.path.join(folder, "identity.key")
             write_identity(identity, private_key)  # p2pd reads it once, at start-up
-            dht = _DHTProcess(
+            dht = DHTProcess(
                 initial_peers=self._initial_peers,
                 start=False,
                 record_validators=[validator, self._run_validator],
@@ -379,7 +352,9 @@ class Discovery:
         """Whether a quick roster read can be had (a full read finished before)."""
         return self._full.known
 
-    async def roster(self, fingerprint: str | None = None, quick: bool = False) -> list[PeerRecord]:
+    async def roster(
+        self, fingerprint: str | None = None, quick: bool | None = False
+    ) -> list[PeerRecord]:
         """Fresh, valid records of the run (this peer's included once published), by peer id.
 
         ``fingerprint`` keeps only peers that train the same model. Malformed, unsigned,
@@ -388,13 +363,21 @@ class Discovery:
         the second check, on exactly what we plan from); a slow DHT raises
         :class:`DiscoveryError` after ``request_timeout_s``. ``quick``: our own node's
         copy merged with the last full read's (:mod:`gaslocd.net.roster_read`), no wait
-        for other nodes.
+        for other nodes; None: quick while the last full read vouches for our copy.
         """
-        # latest=True merges the subkeys found on every replica; without it the first
-        # (possibly cached, partial) copy of the dictionary would do.
-        future = self.dht.get(self.key, latest=not quick, return_future=True)
-        number = 0 if quick else self._full.watch(future)
+        if quick is None:
+            quick = self._full.trusted(get_dht_time())
+        began, own = get_dht_time(), None
         try:
+            if not quick:  # our node's copy as it was: the read merges what it finds into it
+                own = await self._bounded(
+                    self.dht.run_coroutine(partial(own_copy, self.key), return_future=True),
+                    "read of our node's copy",
+                )
+            # latest=True merges the subkeys found on every replica; without it the first
+            # (possibly cached, partial) copy of the dictionary would do.
+            future = self.dht.get(self.key, latest=not quick, return_future=True)
+            number = 0 if quick else self._full.watch(future)
             found = await self._bounded(future, "roster")
         except DiscoveryError:
             self.stats.roster_timeouts += 1
@@ -402,10 +385,13 @@ class Discovery:
             raise
         now = get_dht_time()
         entries = entries_of(found)
-        if quick:
+        if own is None:
+            self.stats.quick_reads += 1
             entries = self._full.merged(entries, now)
         else:
+            self.stats.full_reads += 1
             self._full.keep(entries, number)
+            self._full.check_own(entries, own, now, self._ttl_s / 2, now - began)
         records, keys, malformed = parse_entries(self._run_key, entries, now)
         self.stats.malformed_records += malformed
         self._keys = keys

@@ -14,14 +14,37 @@ replicas but not us, so it is merged, entry by entry (the later expiration wins,
 hivemind's own merge), with the entries of the last full read, which :class:`FullRead`
 keeps from the DHT future itself: a full read whose caller stopped waiting still lands.
 Expired entries are dropped, so the merge never revives a record its ttl ended.
+
+A quick read may also stand in for the full read itself (:meth:`FullRead.trusted`),
+when the last full read found nothing our node's own storage lacked and the run is small
+enough that every node is a replica of the key (fewer entries than ``num_replicas``):
+every publish then reaches our node directly (:mod:`gaslocd.net.direct_store`), and a
+full read learns nothing a quick one does not. Each full read asks every node, and each
+answers with the whole roster: with one per round and host, the answers to the fast
+hosts' reads were most of a 10× straggler's non-θ̃ traffic (bench/stragglers_net.py).
+A full read is still made every half record lifetime: a store that missed our node, a
+run grown past the replicas, or a neighbour whose stores stopped reaching us is noticed
+then; if quick reads were trusted until then, the reads are full for the next two
+record lifetimes, twice that after the next lapse, and so on up to 32 (at a start,
+lacking what was published before we joined, only until the next clean full read). So
+an insider that stores its record (or tombstone) to some nodes and not to ours makes
+our roster differ from theirs for at most half a record lifetime, ever rarer. Not sooner: the search
+merges what it finds into our node's stored dictionary itself (hivemind's
+``_SearchState``), so right after a full read our copy always looks complete, and only
+a copy left to itself for a while shows what does not reach it. A node in client mode
+(behind NAT, or a joiner until its probe found it dialable) is sent no stores at all
+and reads in full.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import threading
 from typing import Any
+
+from hivemind.dht.routing import DHTID
 
 from gaslocd.net.roster_auth import check_entry, owner_key
 from gaslocd.protocol.records import PeerRecord
@@ -34,6 +57,11 @@ def entries_of(found: object) -> Entries:
     """The subkey entries of what a DHT get returned (empty for nothing or a plain value)."""
     value = getattr(found, "value", None)
     return dict(value) if isinstance(value, dict) else {}
+
+
+OWN_LAG_S = 0.5  # how much later than its other replicas a publish may reach our node
+DISTRUST = 4  # after our copy lacked an entry: full reads only, for this many trust spans
+MAX_DISTRUST = 64  # each further time twice as many, up to this many
 
 
 class FullRead:
@@ -51,6 +79,9 @@ class FullRead:
         self._entries: Entries | None = None
         self._started = 0  # full reads numbered as they start
         self._kept = 0  # the number of the read whose entries these are
+        self._trusted_until = -math.inf  # DHT time until which quick reads suffice
+        self._distrusted_until = -math.inf  # and before which they never do again
+        self._distrust = DISTRUST  # trust spans of full reads after the next lapse
 
     @property
     def known(self) -> bool:
@@ -80,6 +111,38 @@ class FullRead:
             if number >= self._kept:
                 self._entries, self._kept = dict(entries), number
 
+    def check_own(
+        self,
+        entries: Entries,
+        own: tuple[int, dict[Any, float]],
+        now: float,
+        for_s: float,
+        read_s: float,
+    ) -> int:
+        """After a full read of ``read_s`` found ``entries``: trust quick reads for
+        ``for_s`` if our node's storage before the read (``own``: the key's replica count,
+        subkey -> expiration) held each live entry at least as new as a publish that
+        began before the read could be (``own_copy``), and the run is within the key's
+        replicas. Returns how many entries it lacked."""
+        replicas, stored = own
+        live = {k: e for k, e in entries.items() if e.expiration_time > now}
+        newest = OWN_LAG_S + read_s  # a publish during the read, on the publisher's clock
+        lacking = sum(
+            stored.get(k, -math.inf) < e.expiration_time - newest for k, e in live.items()
+        )
+        with self._lock:
+            if lacking and self._trusted_until > -math.inf:  # our quick reads were stale
+                self._distrusted_until = now + self._distrust * for_s
+                self._distrust = min(MAX_DISTRUST, 2 * self._distrust)
+            ok = not lacking and len(live) < replicas and now >= self._distrusted_until
+            self._trusted_until = now + for_s if ok else -math.inf
+        return lacking
+
+    def trusted(self, now: float) -> bool:
+        """Whether a quick read may stand in for a full one now (see the module doc)."""
+        with self._lock:
+            return now < self._trusted_until
+
     def merged(self, local: Entries, now: float) -> Entries:
         """``local`` with each of the last full read's entries that expires later."""
         with self._lock:
@@ -92,6 +155,17 @@ class FullRead:
             ):
                 out[subkey] = entry
         return out
+
+
+async def own_copy(key: str, _dht: Any, node: Any) -> tuple[int, dict[Any, float]]:
+    """In the DHT process (``DHT.run_coroutine``): the key's replica count and the
+    expiration of each subkey our node stores for the run: its storage, not the cache of
+    our own reads (which holds what the last full read found)."""
+    found = node.protocol.storage.get(DHTID.generate(source=key))
+    value: Any = getattr(found, "value", None)
+    items = value.items() if hasattr(value, "items") else ()
+    replicas = 0 if node.protocol.client_mode else node.num_replicas  # nobody stores to it
+    return replicas, {subkey: item.expiration_time for subkey, item in items}
 
 
 def parse_entries(

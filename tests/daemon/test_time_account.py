@@ -70,6 +70,10 @@ def test_a_late_partner_shows_up_as_waiting_and_the_account_sums_to_the_wall_clo
         for s in ("prefetched", "quick", "at_round_start", "stale", "failed")
     }
     assert reads["prefetched"] >= 3 and reads["failed"] == 0, reads
+    # Two nodes, each the other's neighbour: our node's copy has every record, and most
+    # reads ask nobody else (gaslocd.net.roster_read).
+    dht = _metric(text.decode(), "gasloc_dht_reads_total", '{kind="quick"}')
+    assert dht >= 3, dht
     assert quick.finish(180) == 0 and slow.finish(120) == 0, quick.output()
     summary = json.loads((tmp_path / "q.json").read_text())
     rounds = summary["rounds"]

@@ -45,6 +45,7 @@ DESIGN_METRICS = {
     "gasloc_idle_seconds": "counter",  # wall-clock not spent training
     "gasloc_time_seconds": "counter",  # the time account, label `activity`
     "gasloc_roster_reads": "counter",  # prefetched or waited for, label `source`
+    "gasloc_dht_reads": "counter",  # full or quick, label `kind`
     "gasloc_bytes_sent": "counter",
     "gasloc_bytes_received": "counter",
     "gasloc_link_bandwidth_bytes_per_second": "gauge",
@@ -86,7 +87,7 @@ def test_design_metrics_are_exported_with_their_types_and_no_peer_labels() -> No
             for sample in family.samples:
                 # bounded vocabularies only: never a peer id
                 assert set(sample.labels) <= {
-                    *("reason", "le", "activity", "codec", "outcome", "source")
+                    *("reason", "le", "activity", "codec", "outcome", "source", "kind")
                 }, (
                     family.name,
                     sample.labels,

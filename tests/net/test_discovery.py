@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from hivemind.utils.timed_storage import get_dht_time
 
 from gaslocd.net.discovery import (
     Discovery,
@@ -296,6 +297,64 @@ def test_a_quick_read_is_our_nodes_copy_merged_with_the_last_full_read(
             10.0,
         )
         assert third.peer_id in [r.peer_id for r in quick]
+        assert first.stats.malformed_records == 0
+
+    asyncio.run(body())
+
+
+class _StoreHere:
+    """In a DHT process: store a peer's signed record on this node only (a publish whose
+    sends to the neighbours were lost), dated as a heartbeat some seconds from now."""
+
+    def __init__(self, node: Discovery, record: PeerRecord) -> None:
+        self.key, self.subkey = node.key, node.subkey
+        self.value = sign_entry(node._run_key, node._owner, record.to_wire())
+        self.expiration = get_dht_time() + node._ttl_s + 5.0
+
+    async def __call__(self, _dht: Any, node: Any) -> bool:
+        from hivemind.dht.crypto import DHTRecord
+        from hivemind.dht.routing import DHTID
+
+        key_id, protocol = DHTID.generate(source=self.key), node.protocol
+        dumps = protocol.serializer.dumps
+        record = DHTRecord(
+            key_id.to_bytes(), dumps(self.subkey), dumps(self.value), self.expiration
+        )
+        value = protocol.record_validator.sign_value(record)
+        return bool(protocol.storage.store(key_id, value, self.expiration, subkey=self.subkey))
+
+
+@pytest.mark.net
+def test_a_full_read_is_skipped_only_while_our_nodes_copy_had_everything(
+    trio: list[Discovery],
+) -> None:
+    """The daemon's reads (quick=None) ask no other node while the last full read found
+    our node's storage complete (a straggler's node answered every host's full read, each
+    with the whole roster); a store that missed our node makes them full again."""
+    first, second, third = trio
+
+    async def reads() -> tuple[int, int]:
+        return first.stats.full_reads, first.stats.quick_reads
+
+    async def body() -> None:
+        for node in trio:
+            await node.publish(_record(node.peer_id))
+        full = await _poll(first.roster, lambda r: len(r) == 3, 10.0)
+        before = await reads()
+        assert await first.roster(quick=None) == full
+        await second.publish(_record(second.peer_id, round=7))  # reaches us directly
+        auto = await first.roster(quick=None)
+        assert {r.peer_id: r.round for r in auto}[second.peer_id] == 7
+        assert await reads() == (before[0], before[1] + 2)  # no other node was asked
+        # third's next record reaches the other replicas, not us: the next full read
+        # finds it there.
+        assert third.dht.run_coroutine(_StoreHere(third, _record(third.peer_id, round=9)))
+        assert {r.peer_id: r.round for r in await first.roster()}[third.peer_id] == 9
+        # Our copy looks complete after that read (the search merged into it), yet the
+        # reads stay full for a while.
+        for _ in range(3):
+            assert len(await first.roster(quick=None)) == 3
+        assert (await reads())[0] == before[0] + 4
         assert first.stats.malformed_records == 0
 
     asyncio.run(body())
