@@ -152,17 +152,14 @@ class Daemon:
 
     def _start_children(self, numel: int) -> None:
         """The DHT process (and DiLoCo's averager): a failure is a StartupError."""
+        cfg = self.cfg
         self.discovery = Discovery(
-            self.cfg.run_id,
-            initial_peers=self.cfg.bootstrap,
-            host=self.cfg.host,
-            dht_port=self.cfg.dht_port,
-            announce_host=self.cfg.announce_host,
-            record_ttl_s=self.cfg.record_ttl_s,
-            token=self.wire.token,
-            identity_path=self.cfg.identity_file,
-            client_mode=self.cfg.reachable == "no" or reach.probes(self.cfg),
-        )
+            cfg.run_id, initial_peers=cfg.bootstrap, host=cfg.host, dht_port=cfg.dht_port,
+            announce_host=cfg.announce_host, record_ttl_s=cfg.record_ttl_s,
+            heartbeat_s=cfg.heartbeat_s, token=self.wire.token,
+            identity_path=cfg.identity_file,
+            client_mode=cfg.reachable == "no" or reach.probes(cfg),
+        )  # fmt: skip
         self.allreduce: HivemindAllReduce | None = None
         try:
             self.discovery.start()

@@ -59,7 +59,6 @@ def entries_of(found: object) -> Entries:
     return dict(value) if isinstance(value, dict) else {}
 
 
-OWN_LAG_S = 0.5  # how much later than its other replicas a publish may reach our node
 DISTRUST = 4  # after our copy lacked an entry: full reads only, for this many trust spans
 MAX_DISTRUST = 64  # each further time twice as many, up to this many
 
@@ -82,6 +81,7 @@ class FullRead:
         self._trusted_until = -math.inf  # DHT time until which quick reads suffice
         self._distrusted_until = -math.inf  # and before which they never do again
         self._distrust = DISTRUST  # trust spans of full reads after the next lapse
+        self.lapses = 0  # full reads that found our copy behind while it was trusted
 
     @property
     def known(self) -> bool:
@@ -117,23 +117,28 @@ class FullRead:
         own: tuple[int, dict[Any, float]],
         now: float,
         for_s: float,
-        read_s: float,
+        late_s: float,
     ) -> int:
-        """After a full read of ``read_s`` found ``entries``: trust quick reads for
-        ``for_s`` if our node's storage before the read (``own``: the key's replica count,
-        subkey -> expiration) held each live entry at least as new as a publish that
-        began before the read could be (``own_copy``), and the run is within the key's
-        replicas. Returns how many entries it lacked."""
+        """After a full read found ``entries``: trust quick reads for ``for_s`` if our
+        node's storage before the read (``own``: the key's replica count, subkey ->
+        expiration, from ``own_copy``) held each live entry, at most ``late_s`` older
+        (the read's duration and a heartbeat: a publish during the read, or one store
+        that reached us late, is as current as a prefetched roster may be), and the run
+        is within the key's replicas. Returns how many entries it lacked."""
         replicas, stored = own
         live = {k: e for k, e in entries.items() if e.expiration_time > now}
-        newest = OWN_LAG_S + read_s  # a publish during the read, on the publisher's clock
-        lacking = sum(
-            stored.get(k, -math.inf) < e.expiration_time - newest for k, e in live.items()
-        )
+        behind = [e.expiration_time - stored.get(k, -math.inf) for k, e in live.items()]
+        lacking = sum(b > late_s for b in behind)
         with self._lock:
             if lacking and self._trusted_until > -math.inf:  # our quick reads were stale
                 self._distrusted_until = now + self._distrust * for_s
+                log.info(
+                    "our DHT node's copy lacked %d of %d roster entries (by up to %.1f s): "
+                    "full roster reads only, for %.0f s",
+                    lacking, len(live), max(behind), self._distrust * for_s,
+                )  # fmt: skip
                 self._distrust = min(MAX_DISTRUST, 2 * self._distrust)
+                self.lapses += 1
             ok = not lacking and len(live) < replicas and now >= self._distrusted_until
             self._trusted_until = now + for_s if ok else -math.inf
         return lacking

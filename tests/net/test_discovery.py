@@ -304,12 +304,12 @@ def test_a_quick_read_is_our_nodes_copy_merged_with_the_last_full_read(
 
 class _StoreHere:
     """In a DHT process: store a peer's signed record on this node only (a publish whose
-    sends to the neighbours were lost), dated as a heartbeat some seconds from now."""
+    sends to the neighbours were lost), dated as a publish two heartbeats from now."""
 
     def __init__(self, node: Discovery, record: PeerRecord) -> None:
         self.key, self.subkey = node.key, node.subkey
         self.value = sign_entry(node._run_key, node._owner, record.to_wire())
-        self.expiration = get_dht_time() + node._ttl_s + 5.0
+        self.expiration = get_dht_time() + node._ttl_s + 20.0  # two heartbeats (ttl/3)
 
     async def __call__(self, _dht: Any, node: Any) -> bool:
         from hivemind.dht.crypto import DHTRecord

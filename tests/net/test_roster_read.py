@@ -57,39 +57,39 @@ def test_quick_reads_stand_in_for_full_ones_only_while_our_copy_was_complete() -
     found = _entries(a=NOW + 8, b=NOW + 8, gone=NOW - 1)  # an expired entry is no news
     # A newcomer's node lacks what was published before it joined: no trust yet, and
     # the next full read, finding our copy whole, grants it.
-    assert full.check_own(found, (5, {}), NOW, 4.0, 0.2) == 2
+    assert full.check_own(found, (5, {}), NOW, 4.0, 0.7) == 2
     assert not full.trusted(NOW)
-    assert full.check_own(found, (5, {"a": NOW + 8, "b": NOW + 9}), NOW, 4.0, 0.2) == 0
+    assert full.check_own(found, (5, {"a": NOW + 8, "b": NOW + 9}), NOW, 4.0, 0.7) == 0
     assert full.trusted(NOW) and full.trusted(NOW + 3.9)
     assert not full.trusted(NOW + 4.0)  # a full read is due again
     # A publish during the read reached the others before we looked: no news either.
-    assert full.check_own(found, (5, {"a": NOW + 8, "b": NOW + 7.5}), NOW, 4.0, 0.2) == 0
+    assert full.check_own(found, (5, {"a": NOW + 8, "b": NOW + 7.5}), NOW, 4.0, 0.7) == 0
     assert full.trusted(NOW)
     # A store that reached other replicas but not us while quick reads were trusted:
     # every read merges what it finds into our copy, which then looks whole, so reads
     # stay full for four trust spans, then trust again.
-    assert full.check_own(found, (5, {"a": NOW + 8, "b": NOW + 7}), NOW, 4.0, 0.2) == 1
+    assert full.check_own(found, (5, {"a": NOW + 8, "b": NOW + 7}), NOW, 4.0, 0.7) == 1
     assert not full.trusted(NOW)
     complete = {"a": NOW + 8, "b": NOW + 8}
-    assert full.check_own(found, (5, complete), NOW + 15.9, 4.0, 0.2) == 0
+    assert full.check_own(found, (5, complete), NOW + 15.9, 4.0, 0.7) == 0
     assert not full.trusted(NOW + 15.9)
-    assert full.check_own(found, (5, complete), NOW + 16.0, 4.0, 0.2) == 0
+    assert full.check_own(found, (5, complete), NOW + 16.0, 4.0, 0.7) == 0
     assert full.trusted(NOW + 16.0)
     # As many entries as replicas: a newcomer's store may go to the others only.
     many = _entries(**{k: NOW + 20 for k in "abcde"})
-    assert full.check_own(many, (5, {k: NOW + 20 for k in "abcde"}), NOW + 16, 4.0, 0.2) == 0
+    assert full.check_own(many, (5, {k: NOW + 20 for k in "abcde"}), NOW + 16, 4.0, 0.7) == 0
     assert not full.trusted(NOW + 16)
-    assert full.check_own(many, (6, {k: NOW + 20 for k in "abcde"}), NOW + 16, 4.0, 0.2) == 0
+    assert full.check_own(many, (6, {k: NOW + 20 for k in "abcde"}), NOW + 16, 4.0, 0.7) == 0
     assert full.trusted(NOW + 16)
     # Each further lapse (an insider storing to others, never to us) distrusts twice
     # as long: eight trust spans now, then sixteen.
     t = NOW + 16
     for span in (8, 16):
         fresh = _entries(**{k: t + 20 for k in "abcde"})
-        assert full.check_own(fresh, (6, {}), t, 4.0, 0.2) == 5
+        assert full.check_own(fresh, (6, {}), t, 4.0, 0.7) == 5
         whole = {k: t + 20 for k in "abcde"}
         t += span * 4.0
-        assert full.check_own(fresh, (6, whole), t - 0.1, 4.0, 0.2) == 0
+        assert full.check_own(fresh, (6, whole), t - 0.1, 4.0, 0.7) == 0
         assert not full.trusted(t - 0.1)
-        assert full.check_own(fresh, (6, whole), t, 4.0, 0.2) == 0
+        assert full.check_own(fresh, (6, whole), t, 4.0, 0.7) == 0
         assert full.trusted(t)
