@@ -192,6 +192,18 @@ class RoundBoard:
         # instead of waiting for an offer that will not come (its round is excused). It
         # holds for the rounds after the one that decided it (see sit_out).
         self.sitting_out, self._sit_after = SitOut(), 0
+        self.stopping = False  # set by the server's stop: waiting calls are told at once
+
+    def stop(self) -> None:
+        """The server stops: a call waiting for a round we will not open is refused now,
+        in band, rather than cancelled when the server's grace ends (grpc then logs the
+        cancelled handler as an unhandled error, a traceback on every clean stop). The
+        open offer closes."""
+        self.stopping = True
+        if self.offer is not None:
+            self.close(self.offer)
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def sit_out(self, schedule: SitOut, decided_in: int) -> None:
         """Our round ``decided_in`` announced ``schedule`` for the rounds after it."""
@@ -254,6 +266,8 @@ class RoundBoard:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
+            if self.stopping:
+                raise Refusal("round-closed", "this peer is stopping")
             offer = self.offer
             kept = self.lingering.get(round_)
             if kept is not None and sender in kept.keep:  # a long exchange's late call

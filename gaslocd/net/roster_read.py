@@ -21,19 +21,22 @@ enough that every node is a replica of the key (fewer entries than ``num_replica
 every publish then reaches our node directly (:mod:`gaslocd.net.direct_store`), and a
 full read learns nothing a quick one does not. Each full read asks every node, and each
 answers with the whole roster: with one per round and host, the answers to the fast
-hosts' reads were most of a 10× straggler's non-θ̃ traffic (bench/stragglers_net.py).
-A full read is still made every half record lifetime: a store that missed our node, a
-run grown past the replicas, or a neighbour whose stores stopped reaching us is noticed
-then; if quick reads were trusted until then, the reads are full for the next two
-record lifetimes, twice that after the next lapse, and so on up to 32 (at a start,
-lacking what was published before we joined, only until the next clean full read). So
-an insider that stores its record (or tombstone) to some nodes and not to ours makes
-our roster differ from theirs for at most half a record lifetime, ever rarer. Not sooner: the search
-merges what it finds into our node's stored dictionary itself (hivemind's
-``_SearchState``), so right after a full read our copy always looks complete, and only
-a copy left to itself for a while shows what does not reach it. A node in client mode
-(behind NAT, or a joiner until its probe found it dialable) is sent no stores at all
-and reads in full.
+hosts' reads were a large part of a 10× straggler's non-θ̃ traffic
+(bench/stragglers_net.py). A full read is still made every half record lifetime.
+
+"Lacked" is judged on our copy as it was *before* that read: hivemind's search merges
+what it finds into the first copy it looked at, which is our node's stored dictionary
+itself (``_SearchState.add_candidate``), so after any full read our copy looks complete.
+An entry found newer than ours by more than the read's duration and a heartbeat is a
+lapse (a store that missed us, a run grown past the replicas, a neighbour whose stores
+stopped reaching us). A lapse while quick reads were trusted makes every read full for
+two record lifetimes, twice that after the next one, up to 32: an insider that stores
+its record (or tombstone) to some nodes and not to ours can make our roster differ from
+theirs for at most half a record lifetime, ever more rarely. At start-up, lacking what
+was published before we joined is no lapse (nothing was trusted yet). A node in client
+mode (behind NAT, or a joiner until its probe found it dialable) is sent no stores and
+always reads in full. Beside a 10× straggler, whose own stores reach the fast hosts
+seconds late behind its θ̃, lapses recur and the fast hosts fall back to full reads.
 """
 
 from __future__ import annotations

@@ -148,8 +148,8 @@ class ExchangeServer:
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """Refuse new calls, give running ones ``grace_s``, close channels and threads."""
-        if self._board is not None and self._board.offer is not None:
-            self._board.close(self._board.offer)
+        if self._board is not None:
+            self._board.stop()
         flights = [t for round_ in self._long.values() for t in round_.values()]
         for task in flights:
             task.cancel()

@@ -355,6 +355,7 @@ def test_a_full_read_is_skipped_only_while_our_nodes_copy_had_everything(
         for _ in range(3):
             assert len(await first.roster(quick=None)) == 3
         assert (await reads())[0] == before[0] + 4
+        assert first._full.lapses == 1
         assert first.stats.malformed_records == 0
 
     asyncio.run(body())

@@ -224,6 +224,31 @@ def test_a_caller_in_a_round_we_sit_out_is_told_so_at_once() -> None:
     run(scenario())
 
 
+def test_a_caller_waiting_for_our_next_round_is_told_at_once_that_we_stop() -> None:
+    """A partner a round ahead waits for our next offer; we stop instead. Left waiting,
+    its call was cancelled when the server's grace ended, and grpc logged that as an
+    unhandled error with a traceback, at every clean stop (bench logs, 2026-12-08)."""
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            board = RoundBoard("m", round_lead=1)
+            board.open(_offer(5, {"a": "x"}, pool))
+            ahead = asyncio.ensure_future(board.claim(6, "a", timeout_s=60))
+            await asyncio.sleep(0)
+            assert not ahead.done()
+            offer = board.offer
+            assert offer is not None
+            board.stop()
+            with pytest.raises(Refusal, match="stopping") as out:
+                await asyncio.wait_for(ahead, 1.0)
+            assert out.value.reason == "round-closed"
+            assert offer.closed.is_set()
+            with pytest.raises(Refusal, match="stopping"):  # and so is every later call
+                await board.claim(7, "a", timeout_s=60)
+
+    run(scenario())
+
+
 # -- streams ---------------------------------------------------------------------------
 
 
