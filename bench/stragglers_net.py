@@ -175,16 +175,17 @@ _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def parse_metrics(text: str | None) -> dict[str, dict[str, float]]:
-    """Prometheus text → family → {first label value ('' if none): value}."""
+    """Prometheus text → family → {its label values in the order of their names, joined
+    by '/' ('' if none): value}."""
     out: dict[str, dict[str, float]] = {}
     for line in (text or "").splitlines():
         m = _METRIC.match(line)
         if m is None or line.startswith("#"):
             continue
         name, labels, value = m.groups()
-        label = re.search(r'="([^"]*)"', labels or "")
+        label = "/".join(v for _, v in sorted(re.findall(r'(\w+)="([^"]*)"', labels or "")))
         try:
-            out.setdefault(name, {})[label.group(1) if label else ""] = float(value)
+            out.setdefault(name, {})[label] = float(value)
         except ValueError:
             continue
     return out
@@ -400,6 +401,7 @@ def run_one(
                 "long": counter_delta(before, after, "gasloc_long_exchanges_total"),
                 "roster_reads": counter_delta(before, after, "gasloc_roster_reads_total"),
                 "dht_reads": counter_delta(before, after, "gasloc_dht_reads_total"),
+                "dht_rpc": counter_delta(before, after, "gasloc_dht_rpc_bytes_total"),
                 "wire_sent": counter_delta(before, after, "gasloc_bytes_sent_total").get("", 0),
                 "metrics_read": before is not None and after is not None,
                 "exchanged": sum(r["exchanged"] for r in inside),
@@ -638,6 +640,7 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
     if meta.get("notes"):
         lines += ["", "Notes:", "", *(f"- {n}" for n in meta["notes"])]
     lines += ["", *_host_table(runs)]
+    lines += _dht_rpc_table(runs)
     lines += [
         "",
         "Training share: `train` and `fill` (inner steps) over the accounted wall-clock of "
@@ -715,6 +718,56 @@ def _host_table(runs: list[dict[str, Any]]) -> list[str]:
                 f"| {_mib(h['sent_bytes'])} ({_wire(h)})/{_mib(h['received_bytes'])} "
                 f"| {rosters} | {dht_text} |"
             )
+    return lines
+
+
+# What each kind of DHT RPC is to a host: (rpc, side) -> its name in the table.
+DHT_RPC_PARTS = {
+    ("store", "called"): "our publishes",
+    ("store", "served"): "stores to us",
+    ("find", "served"): "reads we answered",
+    ("find", "called"): "our reads",
+    ("ping", "served"): "pings",
+    ("ping", "called"): "pings",
+}
+
+
+def dht_rpc_kib(h: dict[str, Any]) -> dict[str, float]:
+    """A host's DHT RPC bytes in the window (``gasloc_dht_rpc_bytes_total``, both
+    directions) by what they were for, in KiB; {} before the metric existed."""
+    out: dict[str, float] = {}
+    for label, n in h.get("dht_rpc", {}).items():
+        _direction, rpc, side = [*label.split("/"), "", "", ""][:3]  # by label name
+        part = DHT_RPC_PARTS.get((rpc, side), "other")
+        out[part] = out.get(part, 0.0) + n / 1024
+    return out
+
+
+def _dht_rpc_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Per host of the GASLoC runs: what its DHT node's RPCs carried (message bytes,
+    sent and received, without libp2p's framing) beside all it sent and received."""
+    parts = list(dict.fromkeys(DHT_RPC_PARTS.values()))
+    rows = [(r, h) for r in runs if r["algo"] == "gasloc" for h in r["hosts"] if h.get("dht_rpc")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "DHT RPCs by what they carried (`gasloc_dht_rpc_bytes_total` grown over the window, "
+        "KiB sent + received, protobuf messages without libp2p framing, encryption or "
+        "p2pd's own traffic), beside the host's whole link (sent + received):",
+        "",
+        "| run | host | " + " | ".join(parts) + " | DHT total | link total |",
+        "| --- | --- |" + " ---: |" * (len(parts) + 2),
+    ]
+    for r, h in rows:
+        kib = dht_rpc_kib(h)
+        mark = f" ({h['multiple']:g}×)" if h.get("multiple") else ""
+        link = (h["sent_bytes"] + h["received_bytes"]) / 1024
+        lines.append(
+            f"| {r['scenario']} | {h['host']}{mark} | "
+            + " | ".join(f"{kib.get(p, 0.0):.0f}" for p in parts)
+            + f" | {sum(kib.values()):.0f} | {link:.0f} |"
+        )
     return lines
 
 

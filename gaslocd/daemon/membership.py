@@ -67,6 +67,7 @@ class Membership:
         )
         rt.telemetry.metrics.roster_reads = self.prefetch.counts
         rt.telemetry.metrics.dht_reads = self._dht_reads
+        rt.telemetry.metrics.dht_rpcs = lambda: rt.discovery.stats.rpc_traffic
 
     # -- the roster ----------------------------------------------------------------------
 
@@ -143,6 +144,8 @@ class Membership:
             try:
                 await self.redial()
                 await self.publish()
+                with contextlib.suppress(DiscoveryError):  # the metric waits a heartbeat
+                    await self.rt.discovery.count_rpcs()
             except Exception:  # a heartbeat that dies silently would drop us from rosters
                 log.exception("heartbeat failed; retrying at the next one")
 

@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 from gaslocd import __version__
 from gaslocd.daemon.prefetch import ROSTER_SOURCES
 from gaslocd.net.auth import REFUSAL_REASONS
+from gaslocd.net.dht_traffic import RPCS, SIDES
 from gaslocd.net.validation import WireStats
 from gaslocd.protocol.account import ACTIVITIES
 
@@ -137,6 +138,7 @@ class _WireCollector(Collector):
         yield from (sent, received, ok, failures, rejected, idle, time_spent, tokens, rounds)
         yield _roster_family(t)
         yield _dht_read_family(t)
+        yield from _dht_rpc_families(t)
         yield from _robust_families(t)
 
 
@@ -168,6 +170,31 @@ def _dht_read_family(t: DaemonMetrics) -> Metric:
     for kind, n in _bounded(t.dht_reads().items(), ("full", "quick")).items():
         reads.add_metric([kind], n)
     return reads
+
+
+def _dht_rpc_families(t: DaemonMetrics) -> Iterator[Metric]:
+    """What our DHT node's RPCs carried (gaslocd.net.dht_traffic), as of the last
+    heartbeat: on a slow link, how much of it the DHT takes, and for what."""
+    calls = CounterMetricFamily(
+        "gasloc_dht_rpcs",
+        "RPCs of our DHT node by kind (ping, store, find) and side: served (another node "
+        "asked us) or called (we asked another node); read at each heartbeat",
+        labels=["rpc", "side"],
+    )
+    sizes = CounterMetricFamily(
+        "gasloc_dht_rpc_bytes",
+        "Bytes of those RPCs' messages (protobuf, without libp2p framing and encryption) "
+        "by kind, side and direction (sent or received by our node)",
+        labels=["rpc", "side", "direction"],
+    )
+    tally = t.dht_rpcs()
+    for rpc in RPCS:
+        for side in SIDES:
+            n, sent, received = [*tally.get(f"{rpc}/{side}", ()), 0, 0, 0][:3]
+            calls.add_metric([rpc, side], n)
+            sizes.add_metric([rpc, side, "sent"], sent)
+            sizes.add_metric([rpc, side, "received"], received)
+    yield from (calls, sizes)
 
 
 def _robust_families(t: DaemonMetrics) -> Iterator[Metric]:
@@ -230,6 +257,7 @@ class DaemonMetrics:
         self.time_account: Callable[[], Mapping[str, float]] = dict
         self.roster_reads: Callable[[], Mapping[str, int]] = dict  # RosterPrefetch.counts
         self.dht_reads: Callable[[], Mapping[str, int]] = dict  # Discovery.stats by kind
+        self.dht_rpcs: Callable[[], Mapping[str, list[int]]] = dict  # dht_traffic.tally
         self.tokens = 0
         self.rounds = 0
         self.extra_failures: dict[str, int] = {}

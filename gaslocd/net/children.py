@@ -15,6 +15,8 @@ from typing import Any
 
 from hivemind import DHT
 
+from gaslocd.net import dht_traffic
+
 
 def watch_parent(parent_pid: int, period_s: float = 1.0) -> None:
     """In a forked child: exit once the process that forked it is gone.
@@ -68,4 +70,5 @@ class DHTProcess(DHT):
 
     def run(self) -> None:
         watch_parent(self._parent_pid)
+        dht_traffic.install()  # gasloc_dht_rpc_bytes_total: what the DHT costs our link
         super().run()

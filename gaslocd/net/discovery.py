@@ -25,7 +25,7 @@ import os
 import tempfile
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
@@ -35,6 +35,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.timed_storage import get_dht_time
 
+from gaslocd.net import dht_traffic
 from gaslocd.net.children import DHTProcess, scratch_event_loop, stop_process
 from gaslocd.net.direct_store import direct_store
 from gaslocd.net.identity import load_or_create_identity, write_identity
@@ -75,6 +76,7 @@ class DiscoveryStats:
     roster_timeouts: int = 0
     full_reads: int = 0  # roster reads that asked every node (get latest=True)
     quick_reads: int = 0  # those that read our node's copy (roster_read)
+    rpc_traffic: dict[str, list[int]] = field(default_factory=dict)  # dht_traffic.tally
 
 
 class Discovery:
@@ -275,6 +277,11 @@ class Discovery:
         joined = [Multiaddr(address)["p2p"] for address in self._initial_peers]
         known = [p for p in [*joined, *self._known] if p != self._peer_id]
         return await redial(self.dht, known, self._timeout_s)
+
+    async def count_rpcs(self) -> None:
+        """Refresh ``stats.rpc_traffic`` from the DHT process (:mod:`gaslocd.net.dht_traffic`)."""
+        future = self.dht.run_coroutine(dht_traffic.tally, return_future=True)
+        self.stats.rpc_traffic = await self._bounded(future, "RPC tally")
 
     # -- records -------------------------------------------------------------------------
 

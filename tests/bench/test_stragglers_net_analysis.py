@@ -90,17 +90,30 @@ gasloc_long_exchanges_total{outcome="landed"} 2.0
 gasloc_long_exchanges_total{outcome="failed"} 0.0
 gasloc_sitting_out 1.0
 gasloc_build_info{version="0.1.0",peer="x"} 1.0
+gasloc_dht_rpc_bytes_total{direction="sent",rpc="store",side="called"} 4096.0
+gasloc_dht_rpc_bytes_total{direction="received",rpc="find",side="served"} 1024.0
+gasloc_dht_rpc_bytes_total{direction="sent",rpc="find",side="served"} 3072.0
 """
 
 
 def test_metrics_are_parsed_and_counters_differenced_over_the_window() -> None:
     parsed = sn.parse_metrics(METRICS_AFTER)
     assert parsed["gasloc_sitting_out"] == {"": 1.0}
-    assert parsed["gasloc_build_info"] == {"0.1.0": 1.0}
+    assert parsed["gasloc_build_info"] == {"x/0.1.0": 1.0}  # values by label name
     family = "gasloc_exchanges_by_codec_total"
     assert sn.counter_delta(METRICS_BEFORE, METRICS_AFTER, family) == {"q4": 7}
     assert sn.counter_delta(None, METRICS_AFTER, "gasloc_long_exchanges_total") == {"landed": 2}
     assert sn.counter_delta(None, None, family) == {}
+    rpc = sn.counter_delta(None, METRICS_AFTER, "gasloc_dht_rpc_bytes_total")
+    assert rpc == {
+        "received/find/served": 1024,
+        "sent/find/served": 3072,
+        "sent/store/called": 4096,
+    }
+    # KiB by what they carried, both directions summed
+    kib = sn.dht_rpc_kib({"dht_rpc": rpc})
+    assert kib == {"reads we answered": 4.0, "our publishes": 4.0}
+    assert sn.dht_rpc_kib({}) == {}
 
 
 def test_sit_outs_and_tracebacks_are_read_from_a_daemon_log() -> None:

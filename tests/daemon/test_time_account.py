@@ -74,6 +74,11 @@ def test_a_late_partner_shows_up_as_waiting_and_the_account_sums_to_the_wall_clo
     # reads ask nobody else (gaslocd.net.roster_read).
     dht = _metric(text.decode(), "gasloc_dht_reads_total", '{kind="quick"}')
     assert dht >= 3, dht
+    # What those reads and the publishes carried, as of a heartbeat: stores to the other
+    # node each round, and its stores to us.
+    for side in ("called", "served"):
+        labels = f'{{direction="sent",rpc="store",side="{side}"}}'
+        assert _metric(text.decode(), "gasloc_dht_rpc_bytes_total", labels) > 0, side
     assert quick.finish(180) == 0 and slow.finish(120) == 0, quick.output()
     summary = json.loads((tmp_path / "q.json").read_text())
     rounds = summary["rounds"]

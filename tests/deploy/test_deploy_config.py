@@ -46,6 +46,8 @@ DESIGN_METRICS = {
     "gasloc_time_seconds": "counter",  # the time account, label `activity`
     "gasloc_roster_reads": "counter",  # prefetched or waited for, label `source`
     "gasloc_dht_reads": "counter",  # full or quick, label `kind`
+    "gasloc_dht_rpcs": "counter",  # our DHT node's RPCs, labels `rpc`, `side`
+    "gasloc_dht_rpc_bytes": "counter",  # and their bytes, `direction` too
     "gasloc_bytes_sent": "counter",
     "gasloc_bytes_received": "counter",
     "gasloc_link_bandwidth_bytes_per_second": "gauge",
@@ -87,7 +89,8 @@ def test_design_metrics_are_exported_with_their_types_and_no_peer_labels() -> No
             for sample in family.samples:
                 # bounded vocabularies only: never a peer id
                 assert set(sample.labels) <= {
-                    *("reason", "le", "activity", "codec", "outcome", "source", "kind")
+                    *("reason", "le", "activity", "codec", "outcome", "source", "kind"),
+                    *("rpc", "side", "direction"),
                 }, (
                     family.name,
                     sample.labels,

@@ -361,6 +361,40 @@ def test_a_full_read_is_skipped_only_while_our_nodes_copy_had_everything(
     asyncio.run(body())
 
 
+@pytest.mark.net
+def test_each_node_counts_the_rpcs_it_serves_and_calls(trio: list[Discovery]) -> None:
+    """gasloc_dht_rpc_bytes_total's source: a publish is a store our node calls and
+    every other node serves, a full read a find; sizes are the messages' own."""
+    first, second, third = trio
+
+    async def body() -> None:
+        for node in trio:
+            await node.count_rpcs()
+        before = {id(n): dict(n.stats.rpc_traffic) for n in trio}
+        record = _record(first.peer_id)
+        await first.publish(record)
+        await _poll(second.roster, lambda r: len(r) == 1, 10.0)  # a full read: finds
+        await _poll(third.roster, lambda r: len(r) == 1, 10.0)
+
+        def grown(node: Discovery, key: str) -> list[int]:
+            old = before[id(node)].get(key, [0, 0, 0])
+            new = node.stats.rpc_traffic.get(key, [0, 0, 0])
+            return [a - b for a, b in zip(new, old, strict=True)]
+
+        for node in trio:
+            await node.count_rpcs()
+        called = grown(first, "store/called")
+        wire = len(json.dumps(record.to_wire()))
+        assert called[0] >= 2 and called[1] > 2 * wire  # the signed record, out to both
+        for other in (second, third):
+            served = grown(other, "store/served")
+            assert served[0] >= 1 and served[2] > wire  # and in
+            assert grown(other, "find/called")[0] >= 1
+        assert sum(grown(first, "find/served")[:1]) >= 1  # it answered their reads
+
+    asyncio.run(body())
+
+
 async def _forget_everyone(_dht: Any, node: Any) -> int:
     """In a DHT process: what a minute-long cut leaves behind (every neighbour dropped
     from the routing table and banned from searches, nothing stored or cached)."""
