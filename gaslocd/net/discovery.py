@@ -399,12 +399,12 @@ class Discovery:
         if own is None:
             self.stats.quick_reads += 1
             entries = self._full.merged(entries, now)
-        else:
+        records, keys, malformed, sitting = parse_entries(self._run_key, entries, now)
+        if own is not None:
             self.stats.full_reads += 1
             self._full.keep(entries, number)
             late_s = now - began + self._heartbeat_s  # a publish during the read is no lapse
-            self._full.check_own(entries, own, now, self._ttl_s / 2, late_s)
-        records, keys, malformed = parse_entries(self._run_key, entries, now)
+            self._full.check_own(entries, own, now, self._ttl_s / 2, late_s, sitting)
         self.stats.malformed_records += malformed
         self._keys = keys
         remember(self._known, keys)

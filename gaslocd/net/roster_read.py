@@ -45,6 +45,7 @@ import concurrent.futures
 import logging
 import math
 import threading
+from collections.abc import Collection
 from typing import Any
 
 from hivemind.dht.routing import DHTID
@@ -121,16 +122,24 @@ class FullRead:
         now: float,
         for_s: float,
         late_s: float,
+        sitting: Collection[Any] = (),
     ) -> int:
         """After a full read found ``entries``: trust quick reads for ``for_s`` if our
         node's storage before the read (``own``: the key's replica count, subkey ->
         expiration, from ``own_copy``) held each live entry, at most ``late_s`` older
         (the read's duration and a heartbeat: a publish during the read, or one store
         that reached us late, is as current as a prefetched roster may be), and the run
-        is within the key's replicas. Returns how many entries it lacked."""
+        is within the key's replicas. The entries of peers on a sit-out schedule
+        (``sitting``) only need to be there, however old: such a peer publishes over
+        the link its long exchange fills, so its stores reach every node seconds late
+        (their lateness says nothing about our node). Returns how many entries it lacked."""
         replicas, stored = own
         live = {k: e for k, e in entries.items() if e.expiration_time > now}
-        behind = [e.expiration_time - stored.get(k, -math.inf) for k, e in live.items()]
+        held = {k for k in sitting if stored.get(k, -math.inf) > now}  # late but there
+        behind = [
+            0.0 if k in held else e.expiration_time - stored.get(k, -math.inf)
+            for k, e in live.items()
+        ]
         lacking = sum(b > late_s for b in behind)
         with self._lock:
             if lacking and self._trusted_until > -math.inf:  # our quick reads were stale
@@ -178,11 +187,13 @@ async def own_copy(key: str, _dht: Any, node: Any) -> tuple[int, dict[Any, float
 
 def parse_entries(
     run_key: bytes, entries: Entries, now: float
-) -> tuple[dict[str, PeerRecord], dict[str, bytes], int]:
+) -> tuple[dict[str, PeerRecord], dict[str, bytes], int, set[Any]]:
     """The unexpired, signed, plausible records among ``entries`` by peer id, their
-    owners' keys, and how many entries were refused (each one logged with why)."""
+    owners' keys, how many entries were refused (each one logged with why), and the
+    subkeys of the records on a sit-out schedule (:meth:`FullRead.check_own`)."""
     records: dict[str, PeerRecord] = {}
     keys: dict[str, bytes] = {}
+    sitting: set[Any] = set()
     refused = 0
     for subkey, entry in entries.items():
         if entry.expiration_time <= now:
@@ -198,4 +209,6 @@ def parse_entries(
         if record is not None:
             records[record.peer_id] = record
             keys[record.peer_id] = owner_key(subkey)
-    return records, keys, refused
+            if record.sit_every >= 2:
+                sitting.add(subkey)
+    return records, keys, refused, sitting

@@ -362,6 +362,31 @@ def test_a_full_read_is_skipped_only_while_our_nodes_copy_had_everything(
 
 
 @pytest.mark.net
+def test_a_sitters_record_late_at_our_node_keeps_quick_reads_trusted(
+    trio: list[Discovery],
+) -> None:
+    """A peer on a sit-out schedule publishes over its saturated link: its newer record
+    is found elsewhere before it reaches us, and that is no lapse (a non-sitter's is)."""
+    first, second, third = trio
+
+    async def body() -> None:
+        for node in trio:
+            await node.publish(_record(node.peer_id))
+        await third.publish(_record(third.peer_id, sit_every=4, free_from=8, sit_from=4))
+        await _poll(first.roster, lambda r: len(r) == 3, 10.0)
+        assert await first.roster() and first._full.trusted(get_dht_time())
+        sitter = _record(third.peer_id, round=9, sit_every=4, free_from=8, sit_from=4)
+        assert third.dht.run_coroutine(_StoreHere(third, sitter))  # not yet at our node
+        assert {r.peer_id: r.round for r in await first.roster()}[third.peer_id] == 9
+        assert first._full.lapses == 0 and first._full.trusted(get_dht_time())
+        assert second.dht.run_coroutine(_StoreHere(second, _record(second.peer_id, round=9)))
+        assert {r.peer_id: r.round for r in await first.roster()}[second.peer_id] == 9
+        assert first._full.lapses == 1 and not first._full.trusted(get_dht_time())
+
+    asyncio.run(body())
+
+
+@pytest.mark.net
 def test_each_node_counts_the_rpcs_it_serves_and_calls(trio: list[Discovery]) -> None:
     """gasloc_dht_rpc_bytes_total's source: a publish is a store our node calls and
     every other node serves, a full read a find; sizes are the messages' own."""

@@ -93,3 +93,22 @@ def test_quick_reads_stand_in_for_full_ones_only_while_our_copy_was_complete() -
         assert not full.trusted(t - 0.1)
         assert full.check_own(fresh, (6, whole), t, 4.0, 0.7) == 0
         assert full.trusted(t)
+
+
+def test_a_sitters_late_entry_is_no_lapse_but_a_missing_one_is() -> None:
+    """A peer on a sit-out schedule publishes over the link its long exchange fills: its
+    stores reach every node seconds late. Found newer than our copy, its entry says
+    nothing about our node (beside a 10× straggler the fast hosts fell back to full
+    reads, each answered over that link); lacking it altogether still does."""
+    full = FullRead()
+    found = _entries(a=NOW + 8, slow=NOW + 8)
+    assert full.check_own(found, (5, {"a": NOW + 8, "slow": NOW + 8}), NOW, 4.0, 0.7) == 0
+    assert full.trusted(NOW)
+    late = {"a": NOW + 8, "slow": NOW + 3}  # the sitter's copy here is 5 s behind
+    assert full.check_own(found, (5, late), NOW + 1, 4.0, 0.7, sitting={"slow"}) == 0
+    assert full.trusted(NOW + 1) and full.lapses == 0
+    # ... not when its copy here expired, nor for an entry not on a schedule
+    gone = {"a": NOW + 8, "slow": NOW + 0.5}
+    assert full.check_own(found, (5, gone), NOW + 2, 4.0, 0.7, sitting={"slow"}) == 1
+    assert not full.trusted(NOW + 2) and full.lapses == 1
+    assert full.check_own(found, (5, late), NOW + 2, 4.0, 0.7) == 1
