@@ -402,6 +402,7 @@ def run_one(
                 "roster_reads": counter_delta(before, after, "gasloc_roster_reads_total"),
                 "dht_reads": counter_delta(before, after, "gasloc_dht_reads_total"),
                 "dht_rpc": counter_delta(before, after, "gasloc_dht_rpc_bytes_total"),
+                "dht_rpc_calls": counter_delta(before, after, "gasloc_dht_rpcs_total"),
                 "wire_sent": counter_delta(before, after, "gasloc_bytes_sent_total").get("", 0),
                 "metrics_read": before is not None and after is not None,
                 "exchanged": sum(r["exchanged"] for r in inside),
@@ -743,6 +744,16 @@ def dht_rpc_kib(h: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def dht_rpc_calls(h: dict[str, Any]) -> dict[str, int]:
+    """A host's DHT RPCs in the window by what they were for (``gasloc_dht_rpcs_total``)."""
+    out: dict[str, int] = {}
+    for label, n in h.get("dht_rpc_calls", {}).items():
+        rpc, side = [*label.split("/"), "", ""][:2]  # by label name: rpc, side
+        part = DHT_RPC_PARTS.get((rpc, side), "other")
+        out[part] = out.get(part, 0) + n
+    return out
+
+
 def _dht_rpc_table(runs: list[dict[str, Any]]) -> list[str]:
     """Per host of the GASLoC runs: what its DHT node's RPCs carried (message bytes,
     sent and received, without libp2p's framing) beside all it sent and received."""
@@ -754,18 +765,21 @@ def _dht_rpc_table(runs: list[dict[str, Any]]) -> list[str]:
         "",
         "DHT RPCs by what they carried (`gasloc_dht_rpc_bytes_total` grown over the window, "
         "KiB sent + received, protobuf messages without libp2p framing, encryption or "
-        "p2pd's own traffic), beside the host's whole link (sent + received):",
+        "p2pd's own traffic; in brackets the RPCs, `gasloc_dht_rpcs_total`, where "
+        "recorded), beside the host's whole link (sent + received):",
         "",
         "| run | host | " + " | ".join(parts) + " | DHT total | link total |",
         "| --- | --- |" + " ---: |" * (len(parts) + 2),
     ]
     for r, h in rows:
-        kib = dht_rpc_kib(h)
+        kib, calls = dht_rpc_kib(h), dht_rpc_calls(h)
         mark = f" ({h['multiple']:g}×)" if h.get("multiple") else ""
         link = (h["sent_bytes"] + h["received_bytes"]) / 1024
         lines.append(
             f"| {r['scenario']} | {h['host']}{mark} | "
-            + " | ".join(f"{kib.get(p, 0.0):.0f}" for p in parts)
+            + " | ".join(
+                f"{kib.get(p, 0.0):.0f}" + (f" ({calls.get(p, 0)})" if calls else "") for p in parts
+            )
             + f" | {sum(kib.values()):.0f} | {link:.0f} |"
         )
     return lines

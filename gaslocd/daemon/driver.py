@@ -76,7 +76,8 @@ class RoundDriver:
         t = self._catch_up(rt.state.round, records)
         rt.server.board.at(t)  # callers count rounds ahead from ours, offer or not
         records, paced = await self._pace(t, records)
-        rt.spawn(self.membership.publish())  # peers pace and catch up on our current round
+        if rt.sit.announces(t):  # peers pace and catch up on our current round
+            rt.spawn(self.membership.publish())
         acct.add("fill", paced[1])
         roster_s = rt.clock() - began - paced[1]
         acct.add("roster", roster_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import statistics
 from collections.abc import AsyncGenerator, Awaitable
@@ -66,14 +67,10 @@ class Membership:
             self._read_roster, rt.clock, rt.cfg.heartbeat_s, rt.spawn, self._quick_roster
         )
         rt.telemetry.metrics.roster_reads = self.prefetch.counts
-        rt.telemetry.metrics.dht_reads = self._dht_reads
-        rt.telemetry.metrics.dht_rpcs = lambda: rt.discovery.stats.rpc_traffic
+        rt.telemetry.metrics.dht_stats = lambda: rt.discovery.stats
+        self.published_at = -math.inf  # when our last publish began (rt.clock)
 
     # -- the roster ----------------------------------------------------------------------
-
-    def _dht_reads(self) -> dict[str, int]:
-        stats = self.rt.discovery.stats
-        return {"full": stats.full_reads, "quick": stats.quick_reads}
 
     def _read_roster(self) -> Awaitable[list[PeerRecord]]:
         """This model's fresh records from the DHT (raises :class:`DiscoveryError`): our
@@ -125,6 +122,7 @@ class Membership:
         return rt.sit.on(record)
 
     async def publish(self) -> None:
+        self.published_at = self.rt.clock()  # the heartbeat's refresh counts from here
         try:
             await self.rt.discovery.publish(self.record())
         except DiscoveryError as exc:
@@ -139,13 +137,21 @@ class Membership:
             log.info("found the run again: %d known peer(s) answered on the DHT", answered)
 
     async def heartbeat(self) -> None:
+        """Redial when alone; publish unless a round's start did within ``refresh_s``
+        (a publish is a store to every DHT node, over our own link)."""
+        rt, beat = self.rt, self.rt.cfg.heartbeat_s
+        redial_at = rt.clock() + beat
         while not cancelled():  # a cancel a DHT call swallowed (gaslocd/net/tasks.py) ends it
-            await asyncio.sleep(self.rt.cfg.heartbeat_s)
+            every = rt.sit.refresh_s(rt.state.round, beat, rt.cfg.record_ttl_s)
+            await asyncio.sleep(min(beat, max(0.01, self.published_at + every - rt.clock())))
             try:
-                await self.redial()
-                await self.publish()
+                if rt.clock() >= redial_at:
+                    redial_at = rt.clock() + beat
+                    await self.redial()
+                if rt.clock() - self.published_at >= every:
+                    await self.publish()
                 with contextlib.suppress(DiscoveryError):  # the metric waits a heartbeat
-                    await self.rt.discovery.count_rpcs()
+                    await rt.discovery.count_rpcs()
             except Exception:  # a heartbeat that dies silently would drop us from rosters
                 log.exception("heartbeat failed; retrying at the next one")
 

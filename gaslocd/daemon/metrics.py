@@ -42,6 +42,7 @@ from gaslocd import __version__
 from gaslocd.daemon.prefetch import ROSTER_SOURCES
 from gaslocd.net.auth import REFUSAL_REASONS
 from gaslocd.net.dht_traffic import RPCS, SIDES
+from gaslocd.net.discovery import DiscoveryStats
 from gaslocd.net.validation import WireStats
 from gaslocd.protocol.account import ACTIVITIES
 
@@ -167,7 +168,8 @@ def _dht_read_family(t: DaemonMetrics) -> Metric:
         "node's copy, while the last full read vouched for it)",
         labels=["kind"],
     )
-    for kind, n in _bounded(t.dht_reads().items(), ("full", "quick")).items():
+    stats = t.dht_stats()
+    for kind, n in {"full": stats.full_reads, "quick": stats.quick_reads}.items():
         reads.add_metric([kind], n)
     return reads
 
@@ -187,7 +189,7 @@ def _dht_rpc_families(t: DaemonMetrics) -> Iterator[Metric]:
         "by kind, side and direction (sent or received by our node)",
         labels=["rpc", "side", "direction"],
     )
-    tally = t.dht_rpcs()
+    tally = t.dht_stats().rpc_traffic
     for rpc in RPCS:
         for side in SIDES:
             n, sent, received = [*tally.get(f"{rpc}/{side}", ()), 0, 0, 0][:3]
@@ -256,8 +258,7 @@ class DaemonMetrics:
         self.idle_total: Callable[[], float] = lambda: 0.0
         self.time_account: Callable[[], Mapping[str, float]] = dict
         self.roster_reads: Callable[[], Mapping[str, int]] = dict  # RosterPrefetch.counts
-        self.dht_reads: Callable[[], Mapping[str, int]] = dict  # Discovery.stats by kind
-        self.dht_rpcs: Callable[[], Mapping[str, list[int]]] = dict  # dht_traffic.tally
+        self.dht_stats: Callable[[], DiscoveryStats] = DiscoveryStats  # Discovery.stats
         self.tokens = 0
         self.rounds = 0
         self.extra_failures: dict[str, int] = {}

@@ -78,6 +78,24 @@ class SitOut:
             return round_ + 1
         return round_ + self.every - (round_ - self.free_from) % self.every
 
+    def announces(self, round_: int) -> bool:
+        """Whether the start of our ``round_`` is published (every round, off a schedule).
+
+        Peers read a round number to pace on us and catch up, but nobody paces on a
+        peer in a round it sits out: on a schedule only the round before a paired one
+        and the paired one are announced. Every publish goes to every DHT node over our
+        own link, the one too slow for a round (a 10× straggler's records, each round
+        and heartbeat, were a tenth of its link)."""
+        return not self.periodic or self.takes_part(round_) or self.takes_part(round_ + 1)
+
+    def refresh_s(self, round_: int, heartbeat_s: float, ttl_s: float) -> float:
+        """How old our record may grow before a heartbeat publishes it again: a
+        heartbeat, or while we sit ``round_`` out a quarter of its lifetime (it only
+        has to stay alive, and arrive in time for the paired round: announced above)."""
+        if self.periodic and not self.takes_part(round_):
+            return max(heartbeat_s, ttl_s / 4)
+        return heartbeat_s
+
     def hold_after(self, round_: int) -> int:
         """How many rounds an exchange of ``round_`` with this peer may stay open: until
         its next paired round when it sits out the one after ``round_`` (else 0)."""

@@ -187,3 +187,18 @@ def test_any_sequence_of_changes_keeps_every_transition_k_rounds_ahead() -> None
                     assert new.takes_part(r) == sit.takes_part(r)
             sit, t = new, new.next_paired(t)
             assert sit.takes_part(t)
+
+
+def test_a_sitter_announces_only_the_rounds_around_its_pairings_and_refreshes_slower() -> None:
+    """Every publish crosses the sitter's own saturated link: it announces the round
+    before a paired one (peers pace on it there) and the paired one; in between its
+    record only has to stay alive (a quarter of its lifetime)."""
+    everyone = SitOut()
+    assert all(everyone.announces(t) for t in range(20))
+    assert everyone.refresh_s(7, 1.0, 8.0) == 1.0
+    sitter = SitOut(free_from=10, every=4, sit_from=7)  # paired in 10, 14, 18, …
+    announced = [t for t in range(7, 20) if sitter.announces(t)]
+    assert announced == [9, 10, 13, 14, 17, 18]
+    assert sitter.refresh_s(11, 1.0, 8.0) == 2.0  # sitting out: ttl / 4
+    assert sitter.refresh_s(14, 1.0, 8.0) == 1.0  # paired: every heartbeat
+    assert sitter.refresh_s(11, 3.0, 8.0) == 3.0  # never more often than a heartbeat
