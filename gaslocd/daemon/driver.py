@@ -77,7 +77,7 @@ class RoundDriver:
         rt.server.board.at(t)  # callers count rounds ahead from ours, offer or not
         records, paced = await self._pace(t, records)
         if rt.sit.announces(t):  # peers pace and catch up on our current round
-            rt.spawn(self.membership.publish())
+            rt.spawn(self.membership.publish(announce=True))
         acct.add("fill", paced[1])
         roster_s = rt.clock() - began - paced[1]
         acct.add("roster", roster_s)
@@ -217,7 +217,7 @@ class RoundDriver:
         if sit != rt.sit:
             rt.sit = sit
             rt.server.board.sit_out(sit, setup.round)
-            rt.spawn(self.membership.publish())
+            rt.spawn(self.membership.publish(announce=True))
             # What it was judged on: a borderline link flips with T (the machine's load).
             mbit, t = 8e-6 * rt.links.known_own_rate(), setup.target_round_s or 0.0
             why = f"link {mbit:.3g} Mbit/s, T {t:.2f} s"

@@ -68,7 +68,7 @@ class Membership:
         )
         rt.telemetry.metrics.roster_reads = self.prefetch.counts
         rt.telemetry.metrics.dht_stats = lambda: rt.discovery.stats
-        self.published_at = -math.inf  # when our last publish began (rt.clock)
+        self.published_at = self.announced_at = -math.inf  # last publish, round start
 
     # -- the roster ----------------------------------------------------------------------
 
@@ -121,8 +121,10 @@ class Membership:
         )
         return rt.sit.on(record)
 
-    async def publish(self) -> None:
+    async def publish(self, announce: bool = False) -> None:
         self.published_at = self.rt.clock()  # the heartbeat's refresh counts from here
+        if announce:
+            self.announced_at = self.published_at
         try:
             await self.rt.discovery.publish(self.record())
         except DiscoveryError as exc:
@@ -137,12 +139,12 @@ class Membership:
             log.info("found the run again: %d known peer(s) answered on the DHT", answered)
 
     async def heartbeat(self) -> None:
-        """Redial when alone; publish unless a round's start did within ``refresh_s``
-        (a publish is a store to every DHT node, over our own link)."""
+        """Redial when alone; publish once our record is ``SitOut.refresh_s`` old."""
         rt, beat = self.rt, self.rt.cfg.heartbeat_s
         redial_at = rt.clock() + beat
         while not cancelled():  # a cancel a DHT call swallowed (gaslocd/net/tasks.py) ends it
-            every = rt.sit.refresh_s(rt.state.round, beat, rt.cfg.record_ttl_s)
+            announcing = rt.clock() - self.announced_at < rt.cfg.record_ttl_s / 4
+            every = rt.sit.refresh_s(rt.state.round, beat, rt.cfg.record_ttl_s, announcing)
             await asyncio.sleep(min(beat, max(0.01, self.published_at + every - rt.clock())))
             try:
                 if rt.clock() >= redial_at:

@@ -35,8 +35,10 @@ its record (or tombstone) to some nodes and not to ours can make our roster diff
 theirs for at most half a record lifetime, ever more rarely. At start-up, lacking what
 was published before we joined is no lapse (nothing was trusted yet). A node in client
 mode (behind NAT, or a joiner until its probe found it dialable) is sent no stores and
-always reads in full. Beside a 10× straggler, whose own stores reach the fast hosts
-seconds late behind its θ̃, lapses recur and the fast hosts fall back to full reads.
+always reads in full. A peer on a sit-out schedule publishes over the link its long
+exchange fills, so its stores reach every node seconds late: its entry only needs to be
+in our copy, however old (beside a 10× straggler the fast hosts lapsed on it two or three
+times in two minutes, and then read in full, each read answered over that very link).
 """
 
 from __future__ import annotations

@@ -88,11 +88,15 @@ class SitOut:
         and heartbeat, were a tenth of its link)."""
         return not self.periodic or self.takes_part(round_) or self.takes_part(round_ + 1)
 
-    def refresh_s(self, round_: int, heartbeat_s: float, ttl_s: float) -> float:
-        """How old our record may grow before a heartbeat publishes it again: a
-        heartbeat, or while we sit ``round_`` out a quarter of its lifetime (it only
-        has to stay alive, and arrive in time for the paired round: announced above)."""
-        if self.periodic and not self.takes_part(round_):
+    def refresh_s(
+        self, round_: int, heartbeat_s: float, ttl_s: float, announcing: bool = False
+    ) -> float:
+        """How old our record may grow before a heartbeat publishes it again: a quarter
+        of its lifetime while round starts are published within that (``announcing``:
+        they carry what peers need, and a heartbeat beside them only doubled the stores)
+        or while we sit ``round_`` out (the record only has to stay alive, and reach the
+        others for the paired round: announced above); else a heartbeat."""
+        if announcing or (self.periodic and not self.takes_part(round_)):
             return max(heartbeat_s, ttl_s / 4)
         return heartbeat_s
 

@@ -192,10 +192,12 @@ def test_any_sequence_of_changes_keeps_every_transition_k_rounds_ahead() -> None
 def test_a_sitter_announces_only_the_rounds_around_its_pairings_and_refreshes_slower() -> None:
     """Every publish crosses the sitter's own saturated link: it announces the round
     before a paired one (peers pace on it there) and the paired one; in between its
-    record only has to stay alive (a quarter of its lifetime)."""
+    record only has to stay alive (a quarter of its lifetime). Anyone whose round starts
+    are published meanwhile needs no heartbeat publish beside them either."""
     everyone = SitOut()
     assert all(everyone.announces(t) for t in range(20))
-    assert everyone.refresh_s(7, 1.0, 8.0) == 1.0
+    assert everyone.refresh_s(7, 1.0, 8.0) == 1.0  # no round published lately
+    assert everyone.refresh_s(7, 1.0, 8.0, announcing=True) == 2.0  # rounds carry it
     sitter = SitOut(free_from=10, every=4, sit_from=7)  # paired in 10, 14, 18, …
     announced = [t for t in range(7, 20) if sitter.announces(t)]
     assert announced == [9, 10, 13, 14, 17, 18]
