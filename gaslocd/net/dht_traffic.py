@@ -13,6 +13,17 @@ The sizes are the messages' own, without libp2p's framing, encryption and p2pd's
 control traffic: a floor for the bytes on the link, by cause. The daemon reads the tally
 at each heartbeat (:func:`tally`, through ``DHT.run_coroutine``) and exports it as
 ``gasloc_dht_rpc_bytes_total`` and ``gasloc_dht_rpcs_total``.
+
+What it showed first (bench/stragglers_net.py, 10× T): the fast hosts' nodes searched the
+roster key two to three times as often as their full reads and record lifetimes explain,
+and the straggler's node answered 340 finds in two minutes, 1.5 MB, each a whole roster.
+hivemind's own caching explains it: a read that finds a roster newer than our node's copy
+caches it, and a cached key that is read again gets re-read over the network shortly
+before it expires (``cache_refresh_before_expiry``), again after each re-read while the
+daemon keeps reading: in tests/net/test_discovery.py one such read and 3 s of quick reads
+made 22 finds. It may also push what it found to another node (``cache_nearest``). Our
+roster reads decide for themselves when to ask other nodes
+(:mod:`gaslocd.net.roster_read`), so the daemon's DHT node runs with both off.
 """
 
 from __future__ import annotations

@@ -182,6 +182,8 @@ class Discovery:
                 startup_timeout=self._start_timeout_s,
                 ensure_bootstrap_success=True,
                 client_mode=self._client_mode,
+                cache_nearest=0,
+                cache_refresh_before_expiry=0,  # see dht_traffic.py
             )
             try:
                 dht.run_in_background(await_ready=True, timeout=self._start_timeout_s)

@@ -387,6 +387,50 @@ def test_a_sitters_record_late_at_our_node_keeps_quick_reads_trusted(
 
 
 @pytest.mark.net
+def test_a_read_that_finds_news_sends_nothing_and_schedules_no_reads() -> None:
+    """hivemind would cache what a full read found newer than our copy, push it to
+    another node and re-read the key over the network before it expires: RPCs no roster
+    read asked for (a 10× straggler's node answered most of its finds for them)."""
+    trio = [Discovery("news", record_ttl_s=6.0)]
+
+    async def calls() -> dict[str, int]:
+        await first.count_rpcs()
+        return {k: v[0] for k, v in first.stats.rpc_traffic.items()}
+
+    async def body() -> None:
+        for node in trio:
+            await node.publish(_record(node.peer_id))
+        await _poll(first.roster, lambda r: len(r) == 3, 10.0)
+        # news on one node only, expiring soon: hivemind would re-read 5 s before that
+        news = _StoreHere(second, _record(second.peer_id, round=9))
+        news.expiration = get_dht_time() + 6.5
+        assert second.dht.run_coroutine(news)
+        before = await calls()
+        assert {r.peer_id: r.round for r in await first.roster()}[second.peer_id] == 9
+        after_read = await calls()
+        assert after_read.get("store/called", 0) == before.get("store/called", 0)
+        end = time.monotonic() + 3.0  # past the refresh hivemind would have scheduled
+        while time.monotonic() < end:
+            assert len(await first.roster(quick=True)) == 3
+            await asyncio.sleep(0.2)
+        assert (await calls()).get("find/called", 0) == after_read.get("find/called", 0)
+
+    try:
+        trio[0].start()
+        for _ in range(2):
+            joiner = Discovery(
+                "news", initial_peers=trio[0].bootstrap_addresses(), record_ttl_s=6.0
+            )
+            trio.append(joiner)
+            trio[-1].start()
+        first, second, _third = trio
+        asyncio.run(body())
+    finally:
+        for node in trio:
+            node.shutdown()
+
+
+@pytest.mark.net
 def test_each_node_counts_the_rpcs_it_serves_and_calls(trio: list[Discovery]) -> None:
     """gasloc_dht_rpc_bytes_total's source: a publish is a store our node calls and
     every other node serves, a full read a find; sizes are the messages' own."""
