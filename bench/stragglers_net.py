@@ -733,25 +733,24 @@ DHT_RPC_PARTS = {
 }
 
 
+def _by_part(counts: dict[str, int]) -> dict[str, int]:
+    """Counter labels (values by label name, ending in rpc/side) summed by what they were for."""
+    out: dict[str, int] = {}
+    for label, n in counts.items():
+        part = DHT_RPC_PARTS.get(tuple(label.split("/")[-2:]), "other")
+        out[part] = out.get(part, 0) + n
+    return out
+
+
 def dht_rpc_kib(h: dict[str, Any]) -> dict[str, float]:
     """A host's DHT RPC bytes in the window (``gasloc_dht_rpc_bytes_total``, both
     directions) by what they were for, in KiB; {} before the metric existed."""
-    out: dict[str, float] = {}
-    for label, n in h.get("dht_rpc", {}).items():
-        _direction, rpc, side = [*label.split("/"), "", "", ""][:3]  # by label name
-        part = DHT_RPC_PARTS.get((rpc, side), "other")
-        out[part] = out.get(part, 0.0) + n / 1024
-    return out
+    return {part: n / 1024 for part, n in _by_part(h.get("dht_rpc", {})).items()}
 
 
 def dht_rpc_calls(h: dict[str, Any]) -> dict[str, int]:
     """A host's DHT RPCs in the window by what they were for (``gasloc_dht_rpcs_total``)."""
-    out: dict[str, int] = {}
-    for label, n in h.get("dht_rpc_calls", {}).items():
-        rpc, side = [*label.split("/"), "", ""][:2]  # by label name: rpc, side
-        part = DHT_RPC_PARTS.get((rpc, side), "other")
-        out[part] = out.get(part, 0) + n
-    return out
+    return _by_part(h.get("dht_rpc_calls", {}))
 
 
 def _dht_rpc_table(runs: list[dict[str, Any]]) -> list[str]:

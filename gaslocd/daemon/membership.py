@@ -143,8 +143,8 @@ class Membership:
         rt, beat = self.rt, self.rt.cfg.heartbeat_s
         redial_at = rt.clock() + beat
         while not cancelled():  # a cancel a DHT call swallowed (gaslocd/net/tasks.py) ends it
-            announcing = rt.clock() - self.announced_at < rt.cfg.record_ttl_s / 4
-            every = rt.sit.refresh_s(rt.state.round, beat, rt.cfg.record_ttl_s, announcing)
+            ago = rt.clock() - self.announced_at
+            every = rt.sit.refresh_s(rt.state.round, beat, rt.cfg.record_ttl_s, ago)
             await asyncio.sleep(min(beat, max(0.01, self.published_at + every - rt.clock())))
             try:
                 if rt.clock() >= redial_at:

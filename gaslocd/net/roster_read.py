@@ -54,6 +54,7 @@ from hivemind.dht.routing import DHTID
 
 from gaslocd.net.roster_auth import check_entry, owner_key
 from gaslocd.protocol.records import PeerRecord
+from gaslocd.protocol.sitout import SitOut
 
 log = logging.getLogger(__name__)
 Entries = dict[Any, Any]  # subkey -> hivemind ValueWithExpiration
@@ -211,6 +212,6 @@ def parse_entries(
         if record is not None:
             records[record.peer_id] = record
             keys[record.peer_id] = owner_key(subkey)
-            if record.sit_every >= 2:
+            if SitOut.of(record).periodic:
                 sitting.add(subkey)
     return records, keys, refused, sitting

@@ -27,6 +27,7 @@ the old schedule's next pairing, old k rounds after d (and old k ≠ the new one
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from gaslocd.protocol.records import PeerRecord
@@ -89,15 +90,16 @@ class SitOut:
         return not self.periodic or self.takes_part(round_) or self.takes_part(round_ + 1)
 
     def refresh_s(
-        self, round_: int, heartbeat_s: float, ttl_s: float, announcing: bool = False
+        self, round_: int, heartbeat_s: float, ttl_s: float, announced_s_ago: float = math.inf
     ) -> float:
         """How old our record may grow before a heartbeat publishes it again: a quarter
-        of its lifetime while round starts are published within that (``announcing``:
-        they carry what peers need, and a heartbeat beside them only doubled the stores)
-        or while we sit ``round_`` out (the record only has to stay alive, and reach the
-        others for the paired round: announced above); else a heartbeat."""
-        if announcing or (self.periodic and not self.takes_part(round_)):
-            return max(heartbeat_s, ttl_s / 4)
+        of its lifetime while a round start was published within that (``announced_s_ago``:
+        round starts carry what peers need, and a heartbeat beside them only doubled the
+        stores) or while we sit ``round_`` out (the record only has to stay alive, and
+        reach the others for the paired round: announced above); else a heartbeat."""
+        quarter = ttl_s / 4
+        if announced_s_ago < quarter or (self.periodic and not self.takes_part(round_)):
+            return max(heartbeat_s, quarter)
         return heartbeat_s
 
     def hold_after(self, round_: int) -> int:

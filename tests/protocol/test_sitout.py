@@ -197,7 +197,7 @@ def test_a_sitter_announces_only_the_rounds_around_its_pairings_and_refreshes_sl
     everyone = SitOut()
     assert all(everyone.announces(t) for t in range(20))
     assert everyone.refresh_s(7, 1.0, 8.0) == 1.0  # no round published lately
-    assert everyone.refresh_s(7, 1.0, 8.0, announcing=True) == 2.0  # rounds carry it
+    assert everyone.refresh_s(7, 1.0, 8.0, announced_s_ago=0.5) == 2.0  # rounds carry it
     sitter = SitOut(free_from=10, every=4, sit_from=7)  # paired in 10, 14, 18, …
     announced = [t for t in range(7, 20) if sitter.announces(t)]
     assert announced == [9, 10, 13, 14, 17, 18]
